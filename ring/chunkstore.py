@@ -1,0 +1,204 @@
+"""The peer's on-disk chunk store.
+
+Chunks live under ``<data>/chunks/<first two hex digits>/<chunk id>`` in their stored form
+(see ``sr3.codec``). A write goes to ``<data>/tmp``, is fsynced, renamed into place and the
+directory fsynced, so a crash leaves either the whole chunk or nothing. Every chunk is
+fully verified (decompressed and re-hashed) before it is written, and its header and
+payload checksum are verified on every read; a file that fails is moved to
+``<data>/quarantine`` and reported, never served.
+
+Blocking file I/O runs in worker threads, at most ``io_concurrency`` at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sr3 import codec
+from sr3.errors import ChunkCorrupt, StorageFull
+
+__all__ = ["ChunkStore", "StoreStats", "write_file_atomic"]
+
+log = logging.getLogger(__name__)
+
+IO_CONCURRENCY_DEFAULT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    chunk_count: int
+    stored_bytes: int
+    quarantined: int
+    capacity_bytes: int | None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:
+    """Write ``data`` to ``final`` so that a crash leaves the whole file or none of it."""
+    tmp = tmp_dir / f"{final.name}.{secrets.token_hex(6)}"
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        final.parent.mkdir(exist_ok=True)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class ChunkStore:
+    """Content-addressed chunks on disk with an in-memory index of what is present."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        capacity_bytes: int | None = None,
+        io_concurrency: int = IO_CONCURRENCY_DEFAULT,
+        write_file: Callable[[Path, Path, bytes], None] = write_file_atomic,
+    ) -> None:
+        self._chunks_dir = root / "chunks"
+        self._tmp_dir = root / "tmp"
+        self._quarantine_dir = root / "quarantine"
+        self._capacity_bytes = capacity_bytes
+        self._io = asyncio.Semaphore(io_concurrency)
+        self._write_file = write_file
+        self._index: dict[str, int] = {}
+        self._stored_bytes = 0
+        self._quarantined = 0
+        self.on_corrupt: Callable[[str, str], None] | None = None
+
+    def open(self) -> None:
+        """Create the layout, drop leftovers of interrupted writes, index what is present."""
+        for directory in (self._chunks_dir, self._tmp_dir, self._quarantine_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self._tmp_dir.iterdir():
+            leftover.unlink(missing_ok=True)
+        for shard in self._chunks_dir.iterdir():
+            for entry in shard.iterdir():
+                if codec.is_chunk_id(entry.name):
+                    size = entry.stat().st_size
+                    self._index[entry.name] = size
+                    self._stored_bytes += size
+        self._quarantined = sum(1 for _ in self._quarantine_dir.iterdir())
+
+    def _path(self, chunk_id: str) -> Path:
+        return self._chunks_dir / chunk_id[:2] / chunk_id
+
+    def has(self, chunk_id: str) -> bool:
+        return chunk_id in self._index
+
+    def stored_size(self, chunk_id: str) -> int | None:
+        return self._index.get(chunk_id)
+
+    def ids(self) -> list[str]:
+        return list(self._index)
+
+    def stats(self) -> StoreStats:
+        return StoreStats(
+            len(self._index), self._stored_bytes, self._quarantined, self._capacity_bytes
+        )
+
+    async def put(self, chunk_id: str, stored: bytes) -> bool:
+        """Verify and durably store a chunk. False if it was already present."""
+        if chunk_id in self._index:
+            return False
+        # Checked before it is written: the full decode proves header, payload and address.
+        await asyncio.to_thread(codec.decode, stored, chunk_id)
+        if (
+            self._capacity_bytes is not None
+            and self._stored_bytes + len(stored) > self._capacity_bytes
+        ):
+            raise StorageFull(
+                f"storing {len(stored)} bytes would exceed the capacity of "
+                f"{self._capacity_bytes} bytes ({self._stored_bytes} used)"
+            )
+        async with self._io:
+            try:
+                await asyncio.to_thread(
+                    self._write_file, self._tmp_dir, self._path(chunk_id), stored
+                )
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise StorageFull(f"disk full while storing chunk {chunk_id}") from exc
+                raise
+        if chunk_id not in self._index:
+            self._index[chunk_id] = len(stored)
+            self._stored_bytes += len(stored)
+        return True
+
+    async def get(self, chunk_id: str) -> bytes | None:
+        """The verified stored form of a chunk, or None if absent.
+
+        A chunk whose header or payload checksum fails is quarantined and ``ChunkCorrupt``
+        raised; it is never returned.
+        """
+        if chunk_id not in self._index:
+            return None
+        async with self._io:
+            try:
+                stored = await asyncio.to_thread(self._path(chunk_id).read_bytes)
+            except FileNotFoundError:
+                self._forget(chunk_id)
+                return None
+        try:
+            await asyncio.to_thread(codec.verify_stored, stored, chunk_id)
+        except ChunkCorrupt as exc:
+            await self.quarantine(chunk_id, str(exc))
+            raise
+        return stored
+
+    async def verify(self, chunk_id: str) -> bool:
+        """Fully re-verify one stored chunk (decompress and re-hash); quarantine on failure."""
+        stored = await self.get(chunk_id)
+        if stored is None:
+            return False
+        try:
+            await asyncio.to_thread(codec.decode, stored, chunk_id)
+        except ChunkCorrupt as exc:
+            await self.quarantine(chunk_id, str(exc))
+            raise
+        return True
+
+    async def delete(self, chunk_id: str) -> bool:
+        if chunk_id not in self._index:
+            return False
+        async with self._io:
+            await asyncio.to_thread(self._path(chunk_id).unlink, True)
+        self._forget(chunk_id)
+        return True
+
+    async def quarantine(self, chunk_id: str, reason: str) -> None:
+        log.error("chunk %s is corrupt and was quarantined: %s", chunk_id, reason)
+        target = self._quarantine_dir / f"{chunk_id}.{secrets.token_hex(4)}"
+        async with self._io:
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(shutil.move, self._path(chunk_id), target)
+        self._forget(chunk_id)
+        self._quarantined += 1
+        if self.on_corrupt is not None:
+            self.on_corrupt(chunk_id, reason)
+
+    def _forget(self, chunk_id: str) -> None:
+        size = self._index.pop(chunk_id, None)
+        if size is not None:
+            self._stored_bytes -= size

@@ -1,0 +1,416 @@
+"""The ``sr3`` command line.
+
+    sr3 peer ...                    run one storage peer in the foreground
+    sr3 cluster up --peers N        start the embedded local cluster (127.0.0.x)
+    sr3 cluster down [--purge]      stop it
+    sr3 cluster kill|start PEER     SIGKILL or (re)start one local peer
+    sr3 status [--json]             peers, state, ownership, stored bytes, chunks
+    sr3 put FILE [--key NAME]       store a file; prints the key
+    sr3 get KEY -o FILE             read it back, verified
+    sr3 token metrics               the bearer token Prometheus scrapes /metrics with
+    sr3 demo                        the end-to-end demonstration on a local cluster
+
+Ring and secret come from --ring/--secret-file, then SR3_RING/SR3_SECRET, then the
+cluster file written by ``sr3 cluster up``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from ring.auth import SECRET_CHARS_MIN, metrics_token
+from ring.placement import VNODES_DEFAULT, Member
+from sr3.client import Client, RingStatus
+from sr3.config import ClusterFile, Settings, cluster_file_path, parse_size, resolve, sr3_home
+from sr3.errors import ConfigError, SR3Error
+from sr3.local import BASE_PORT_DEFAULT, LocalCluster
+
+__all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+PROGRESS_BYTES_MIN = 8 * 1024 * 1024
+stderr = Console(stderr=True)
+
+
+def _fail_cleanly(function: F) -> F:
+    """Turn sr3 errors into one line on stderr and exit code 1, not a traceback."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except SR3Error as exc:
+            stderr.print(f"[red]error:[/red] {exc}", highlight=False)
+            sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _ring_options(function: F) -> F:
+    function = click.option(
+        "--secret-file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="File holding the cluster secret (else SR3_SECRET, else the cluster file).",
+    )(function)
+    function = click.option(
+        "--ring", help="host:port of one or more peers, comma-separated (else SR3_RING)."
+    )(function)
+    return function
+
+
+def _settings(ring: str | None, secret_file: Path | None) -> Settings:
+    secret = secret_file.read_text().strip() if secret_file else None
+    return resolve(ring, secret)
+
+
+@contextmanager
+def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
+    if total < PROGRESS_BYTES_MIN or not stderr.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=stderr, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done: bar.advance(task, done)
+
+
+@click.group()
+@click.version_option(package_name="sr3")
+def cli() -> None:
+    """sr3: replicated state recovery for stream processing."""
+
+
+# -- peer ----------------------------------------------------------------------------------
+
+
+def _parse_members(text: str) -> tuple[Member, ...]:
+    members = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        peer_id, sep, rest = item.partition("=")
+        address, _, zone = rest.partition("@")
+        if not sep or not peer_id or ":" not in address:
+            raise ConfigError(f"member {item!r} is not ID=HOST:PORT[@ZONE]")
+        members.append(Member(peer_id, address, zone))
+    return tuple(members)
+
+
+@cli.command()
+@click.option("--id", "peer_id", required=True, envvar="SR3_PEER_ID", help="Stable peer id.")
+@click.option("--listen", required=True, envvar="SR3_LISTEN", help="HOST:PORT to serve on.")
+@click.option(
+    "--advertise", envvar="SR3_ADVERTISE", help="HOST:PORT others reach (default: --listen)."
+)
+@click.option(
+    "--data",
+    "data_dir",
+    required=True,
+    envvar="SR3_DATA",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Data folder.",
+)
+@click.option(
+    "--members",
+    required=True,
+    envvar="SR3_MEMBERS",
+    help="Comma-separated ID=HOST:PORT[@ZONE] of every member, this peer included.",
+)
+@click.option("--zone", default="", envvar="SR3_ZONE", help="Failure zone of this peer.")
+@click.option("--replication", default=3, show_default=True, type=click.IntRange(1, 16))
+@click.option("--write-quorum", default=2, show_default=True, type=click.IntRange(1, 16))
+@click.option("--vnodes", default=VNODES_DEFAULT, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--zone-aware/--no-zone-aware", default=False, help="Spread replicas over zones.")
+@click.option("--capacity", help="Storage capacity, e.g. 100GiB (default: the disk).")
+@click.option(
+    "--secret-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File holding the cluster secret (else SR3_SECRET).",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+@_fail_cleanly
+def peer(
+    peer_id: str, listen: str, advertise: str | None, data_dir: Path, members: str, zone: str,
+    replication: int, write_quorum: int, vnodes: int, zone_aware: bool, capacity: str | None,
+    secret_file: Path | None, log_level: str,
+) -> None:  # fmt: skip
+    """Run one storage peer in the foreground until SIGTERM or Ctrl-C."""
+    from ring.peer import PeerConfig
+    from ring.server import run_peer
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    secret = secret_file.read_text().strip() if secret_file else os.environ.get("SR3_SECRET", "")
+    if len(secret) < SECRET_CHARS_MIN:
+        raise ConfigError(f"a cluster secret of at least {SECRET_CHARS_MIN} characters is required")
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
+    parsed = _parse_members(members)
+    address = advertise or listen
+    if not any(m.peer_id == peer_id and m.address == address for m in parsed):
+        raise ConfigError(f"--members must include this peer as {peer_id}={address}")
+    if write_quorum > replication:
+        raise ConfigError("--write-quorum cannot exceed --replication")
+    config = PeerConfig(
+        peer_id=peer_id, host=host, port=int(port), data_dir=data_dir, secret=secret,
+        members=parsed, zone=zone, replication=replication, write_quorum=write_quorum,
+        vnodes=vnodes, zone_aware=zone_aware,
+        capacity_bytes=parse_size(capacity) if capacity else None,
+        advertise=address,
+    )  # fmt: skip
+    run_peer(config)
+
+
+# -- cluster -------------------------------------------------------------------------------
+
+
+@cli.group()
+def cluster() -> None:
+    """The embedded local cluster: peers as subprocesses on 127.0.0.x."""
+
+
+@cluster.command("up")
+@click.option("--peers", default=5, show_default=True, type=click.IntRange(1, 250))
+@click.option("--replication", default=3, show_default=True, type=click.IntRange(1, 16))
+@click.option("--write-quorum", default=2, show_default=True, type=click.IntRange(1, 16))
+@click.option(
+    "--zones",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 64),
+    help="Spread peers over this many zones (0: none).",
+)
+@click.option("--base-port", default=BASE_PORT_DEFAULT, show_default=True, type=int)
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for peer data (default: $SR3_HOME/cluster).",
+)
+@_fail_cleanly
+def cluster_up(
+    peers: int, replication: int, write_quorum: int, zones: int, base_port: int,
+    home: Path | None,
+) -> None:  # fmt: skip
+    """Start N peers and write the cluster file other commands use."""
+    path = cluster_file_path()
+    if path.exists():
+        raise ConfigError(f"a cluster is already recorded in {path}; run `sr3 cluster down` first")
+    local = LocalCluster.create(
+        (home or sr3_home() / "cluster").resolve(), peers, replication=replication,
+        write_quorum=write_quorum, base_port=base_port, zones=zones, cluster_file=path,
+    )  # fmt: skip
+    local.up()
+    click.echo(f"{peers} peers up (R={replication}, W={write_quorum}); cluster file {path}")
+    for member in local.cluster.peers:
+        click.echo(f"  {member.peer_id}  {member.address}  pid {member.pid}")
+
+
+@cluster.command("down")
+@click.option("--purge", is_flag=True, help="Also delete the peers' data.")
+@_fail_cleanly
+def cluster_down(purge: bool) -> None:
+    """Stop every local peer (SIGTERM, then SIGKILL) and remove the cluster file."""
+    local = LocalCluster.load()
+    local.down(purge=purge)
+    click.echo(
+        f"stopped {len(local.cluster.peers)} peers" + (" and deleted their data" if purge else "")
+    )
+
+
+@cluster.command("kill")
+@click.argument("peer_ids", nargs=-1, required=True)
+@_fail_cleanly
+def cluster_kill(peer_ids: tuple[str, ...]) -> None:
+    """SIGKILL local peers (to rehearse failures)."""
+    local = LocalCluster.load()
+    for peer_id in peer_ids:
+        local.kill(peer_id)
+        click.echo(f"killed {peer_id}")
+
+
+@cluster.command("start")
+@click.argument("peer_ids", nargs=-1)
+@_fail_cleanly
+def cluster_start(peer_ids: tuple[str, ...]) -> None:
+    """Start local peers that are not running (all of them without arguments)."""
+    local = LocalCluster.load()
+    for peer_id in peer_ids or (None,):
+        local.start(peer_id)
+    click.echo("started " + (", ".join(peer_ids) or "every stopped peer"))
+
+
+# -- status, put, get ----------------------------------------------------------------------
+
+
+def _local_pids(settings: Settings) -> dict[str, int | None]:
+    path = cluster_file_path()
+    cluster = settings.cluster or (ClusterFile.read(path) if path.exists() else None)
+    if cluster is None:
+        return {}
+    return {peer.peer_id: peer.pid for peer in cluster.peers}
+
+
+async def _status(settings: Settings) -> RingStatus:
+    async with Client(settings.ring, settings.secret) as client:
+        return await client.status()
+
+
+def _status_json(status: RingStatus, pids: dict[str, int | None]) -> dict[str, Any]:
+    peers = []
+    for peer in status.peers:
+        entry = asdict(peer)
+        entry["id"] = entry.pop("peer_id")
+        if peer.peer_id in pids:
+            entry["pid"] = pids[peer.peer_id]
+        peers.append(entry)
+    return {"replication": status.replication, "write_quorum": status.write_quorum, "peers": peers}
+
+
+def _status_table(status: RingStatus, pids: dict[str, int | None]) -> Table:
+    table = Table(title=f"sr3 ring: R={status.replication}, W={status.write_quorum}")
+    for column in (
+        "State",
+        "ID",
+        "Address",
+        "Zone",
+        "Owns (eff.)",
+        "Stored",
+        "Chunks",
+        "Records",
+        "PID",
+    ):
+        table.add_column(
+            column,
+            justify="right"
+            if column in ("Owns (eff.)", "Stored", "Chunks", "Records", "PID")
+            else "left",
+        )
+    for peer in status.peers:
+        up = peer.state == "up"
+        table.add_row(
+            "[green]up[/green]" if up else "[red]down[/red]", peer.peer_id, peer.address,
+            peer.zone or "-", f"{peer.ownership * 100:.1f}%",
+            _human(peer.stored_bytes) if up else "?", str(peer.chunk_count) if up else "?",
+            str(peer.record_count) if up else "?",
+            str(pids.get(peer.peer_id) or "-"),
+        )  # fmt: skip
+    return table
+
+
+def _human(size: int | None) -> str:
+    value = float(size or 0)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@cli.command()
+@_ring_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_fail_cleanly
+def status(ring: str | None, secret_file: Path | None, as_json: bool) -> None:
+    """Peers, up/down, effective ownership, stored bytes and chunk counts."""
+    settings = _settings(ring, secret_file)
+    result = asyncio.run(_status(settings))
+    pids = _local_pids(settings)
+    if as_json:
+        click.echo(json.dumps(_status_json(result, pids), indent=2))
+    else:
+        Console().print(_status_table(result, pids))
+
+
+@cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--key", help="Name to store the file under (default: the file's name).")
+@_ring_options
+@_fail_cleanly
+def put(file: Path, key: str | None, ring: str | None, secret_file: Path | None) -> None:
+    """Store FILE on the ring and print the key it is stored under."""
+    settings = _settings(ring, secret_file)
+    name = key or file.name
+    size = file.stat().st_size
+
+    async def run() -> None:
+        async with Client(settings.ring, settings.secret) as client:
+            with _progress(size, "put") as progress:
+                await client.store_file(file, name, progress=progress)
+
+    asyncio.run(run())
+    click.echo(name)
+
+
+@cli.command()
+@click.argument("key")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@_ring_options
+@_fail_cleanly
+def get(key: str, output: Path, ring: str | None, secret_file: Path | None) -> None:
+    """Read the file stored under KEY into OUTPUT, verified end to end."""
+    settings = _settings(ring, secret_file)
+
+    async def run() -> int:
+        async with Client(settings.ring, settings.secret) as client:
+            ref = await client.lookup_file(key)
+            with _progress(ref.size, "get") as progress:
+                await client.get_file(ref, output, progress=progress)
+            return ref.size
+
+    size = asyncio.run(run())
+    click.echo(f"{output} ({size} bytes, verified)")
+
+
+@cli.group()
+def token() -> None:
+    """Tokens derived from the cluster secret."""
+
+
+@token.command("metrics")
+@_ring_options
+@_fail_cleanly
+def token_metrics(ring: str | None, secret_file: Path | None) -> None:
+    """Print the bearer token that GET /metrics accepts (read-only, metrics only)."""
+    click.echo(metrics_token(_settings(ring, secret_file).secret))
+
+
+@cli.command()
+@click.option("--state-size", default="64MiB", show_default=True, help="Size of the state file.")
+@click.option("--peers", default=5, show_default=True, type=click.IntRange(3, 50))
+@click.option("--fail", "fail_count", default=2, show_default=True, type=click.IntRange(0, 49))
+@click.option("--seed", default=7, show_default=True, type=int)
+@_fail_cleanly
+def demo(state_size: str, peers: int, fail_count: int, seed: int) -> None:
+    """The main job: a local ring survives losing peers and returns state byte-identical."""
+    from sr3.demo import run_demo
+
+    sys.exit(run_demo(parse_size(state_size), peers=peers, fail=fail_count, seed=seed))
+
+
+def main() -> None:
+    cli(prog_name="sr3")

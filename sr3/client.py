@@ -1,0 +1,598 @@
+"""The sr3 client: blobs and records on the ring, replicated, verified and bounded.
+
+    async with Client(ring="127.0.0.1:7401", secret=secret) as client:
+        ref = await client.put_file(path)           # chunks stored on W..R replicas each
+        await client.get_file(ref, out_path)        # verified end to end, byte-identical
+        await client.put_record("blob/x", value, expected_version=0)
+
+The client learns the member table from any reachable seed (``GET /v1/ring``) and places
+every chunk and record with ``ring.placement``. A write goes to the first R reachable
+peers in the key's clockwise walk (a peer that cannot be reached is replaced by the next
+one) and succeeds when W acknowledge. A read tries the same walk in order and falls back
+when a peer is down, lacks the chunk, or serves bytes that fail verification.
+
+Concurrency is bounded: at most ``transfers_max`` chunks in flight per call, at most
+``CONNECTIONS_PER_PEER_MAX`` connections per peer, connect and read timeouts on each
+request. ``SyncClient`` is the blocking facade for scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import xxhash
+
+from ring.placement import Member, Ring
+from sr3 import codec
+from sr3.blobs import (
+    CHUNK_BYTES_DEFAULT,
+    PACK_BELOW_BYTES_DEFAULT,
+    BlobRef,
+    ChunkPlan,
+    Extent,
+    plan_chunks,
+)
+from sr3.errors import (
+    ChunkCorrupt,
+    ConfigError,
+    DataUnavailable,
+    NotFound,
+    PeerError,
+    PeerRejected,
+    PeerUnavailable,
+    ProtocolError,
+    QuorumError,
+    RecordConflict,
+    SR3Error,
+)
+from sr3.transport import Timeouts, Transport
+
+__all__ = [
+    "BLOB_KEY_PREFIX",
+    "Client",
+    "ClientOptions",
+    "PeerStatus",
+    "RecordValue",
+    "RingStatus",
+    "Source",
+]
+
+T = TypeVar("T")
+Progress = Callable[[int], None]
+BLOB_KEY_PREFIX = "blob/"
+TRANSFERS_MAX_DEFAULT = 8
+STATUS_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    """Client limits. ``replication``/``write_quorum`` default to what the ring says."""
+
+    replication: int | None = None
+    write_quorum: int | None = None
+    chunk_bytes: int = CHUNK_BYTES_DEFAULT
+    pack_below_bytes: int = PACK_BELOW_BYTES_DEFAULT
+    transfers_max: int = TRANSFERS_MAX_DEFAULT
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    # After a peer could not be reached, it is tried last for this long.
+    down_retry_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """``size`` bytes that ``read(offset, length)`` returns (called in a worker thread)."""
+
+    size: int
+    read: Callable[[int, int], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordValue:
+    key: str
+    version: int
+    value: bytes
+    # True when replicas hold different values at the newest version (concurrent writers).
+    conflict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatus:
+    peer_id: str
+    address: str
+    zone: str
+    state: str
+    ownership: float
+    stored_bytes: int | None
+    chunk_count: int | None
+    record_count: int | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RingStatus:
+    replication: int
+    write_quorum: int
+    peers: tuple[PeerStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _RingView:
+    ring: Ring
+    replication: int
+    write_quorum: int
+
+
+def parse_seeds(ring: str | Sequence[str]) -> tuple[str, ...]:
+    seeds = ring.split(",") if isinstance(ring, str) else list(ring)
+    cleaned = tuple(seed.strip() for seed in seeds if seed.strip())
+    if not cleaned:
+        raise ConfigError("no ring address given (host:port of any peer)")
+    for seed in cleaned:
+        host, _, port = seed.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"ring address {seed!r} is not host:port")
+    return cleaned
+
+
+def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first leaf of an exception group, so callers see one sr3 error."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+class Client:
+    """Async client of one ring. Use it on one event loop; close it when done."""
+
+    def __init__(
+        self,
+        ring: str | Sequence[str],
+        secret: str,
+        *,
+        options: ClientOptions = ClientOptions(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.seeds = parse_seeds(ring)
+        if not secret:
+            raise ConfigError("no cluster secret given")
+        self.options = options
+        self._clock = clock
+        self._transport = Transport(secret, timeouts=options.timeouts)
+        self._view: _RingView | None = None
+        self._down_until: dict[str, float] = {}
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    # -- ring ---------------------------------------------------------------------------
+
+    async def ring(self, *, refresh: bool = False) -> _RingView:
+        """The member table, fetched from the first seed that answers."""
+        if self._view is not None and not refresh:
+            return self._view
+        causes: list[str] = []
+        for seed in self.seeds:
+            try:
+                answer = (await self._transport.request(seed, "GET", "/v1/ring")).json()
+                self._view = self._parse_ring(answer)
+                return self._view
+            except PeerError as exc:
+                causes.append(str(exc))
+        raise PeerUnavailable(",".join(self.seeds), "no seed answered: " + "; ".join(causes))
+
+    def _parse_ring(self, answer: Any) -> _RingView:
+        try:
+            members = [
+                Member(str(m["peer_id"]), str(m["address"]), str(m.get("zone", "")))
+                for m in answer["members"]
+            ]
+            ring = Ring.build(
+                members, vnodes=int(answer["vnodes"]), zone_aware=bool(answer["zone_aware"])
+            )
+            replication = self.options.replication or int(answer["replication"])
+            write_quorum = self.options.write_quorum or int(answer["write_quorum"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed ring description: {exc!r}") from exc
+        if not 1 <= write_quorum <= replication:
+            raise ConfigError(f"write quorum {write_quorum} must be in 1..R={replication}")
+        return _RingView(ring, replication, write_quorum)
+
+    def _mark_down(self, member: Member) -> None:
+        self._down_until[member.peer_id] = self._clock() + self.options.down_retry_s
+
+    def _live_first(self, members: Sequence[Member]) -> list[Member]:
+        now = self._clock()
+        live = [m for m in members if self._down_until.get(m.peer_id, 0.0) <= now]
+        return live + [m for m in members if self._down_until.get(m.peer_id, 0.0) > now]
+
+    async def _fan_out(
+        self, candidates: Sequence[Member], count: int, op: Callable[[Member], Awaitable[T]]
+    ) -> tuple[list[tuple[Member, T]], list[str]]:
+        """Run ``op`` on ``count`` candidates at once; a lane whose peer fails (PeerError)
+        moves on to the next unused candidate. Returns the answers and the failures."""
+        ordered = self._live_first(candidates)
+        spares = iter(ordered[count:])
+        answers: list[tuple[Member, T]] = []
+        causes: list[str] = []
+
+        async def lane(member: Member | None) -> None:
+            while member is not None:
+                try:
+                    answers.append((member, await op(member)))
+                    return
+                except PeerError as exc:
+                    causes.append(str(exc))
+                    if isinstance(exc, PeerUnavailable):
+                        self._mark_down(member)
+                member = next(spares, None)
+
+        async with asyncio.TaskGroup() as group:
+            for member in ordered[:count]:
+                group.create_task(lane(member))
+        return answers, causes
+
+    # -- chunks -------------------------------------------------------------------------
+
+    async def _put_chunk_to(self, member: Member, chunk_id: str, stored: bytes) -> None:
+        await self._transport.request(member.address, "PUT", f"/v1/chunks/{chunk_id}", body=stored)
+
+    async def _store_raw_chunk(self, raw: bytes) -> str:
+        chunk_id, stored = await asyncio.to_thread(codec.encode, raw)
+        view = await self.ring()
+        answers, causes = await self._fan_out(
+            view.ring.walk(chunk_id),
+            view.replication,
+            lambda member: self._put_chunk_to(member, chunk_id, stored),
+        )
+        if len(answers) < view.write_quorum:
+            raise QuorumError(f"chunk {chunk_id}", len(answers), view.write_quorum, causes)
+        return chunk_id
+
+    async def _get_chunk_from(self, member: Member, chunk_id: str) -> bytes:
+        answer = await self._transport.request(
+            member.address,
+            "GET",
+            f"/v1/chunks/{chunk_id}",
+            body_bytes_max=codec.STORED_BYTES_MAX,
+        )
+        try:
+            return await asyncio.to_thread(codec.decode, answer.body, chunk_id)
+        except ChunkCorrupt as exc:
+            # Corrupt in transit or undetected at rest: try the next replica.
+            raise PeerRejected(member.address, 200, "chunk_corrupt", str(exc)) from exc
+
+    async def fetch_chunk(self, chunk_id: str) -> bytes:
+        """A chunk's raw bytes, verified; from the first replica in the walk that has it."""
+        view = await self.ring()
+        answers, causes = await self._fan_out(
+            view.ring.walk(chunk_id), 1, lambda member: self._get_chunk_from(member, chunk_id)
+        )
+        if not answers:
+            raise DataUnavailable([chunk_id], causes)
+        return answers[0][1]
+
+    # -- blobs --------------------------------------------------------------------------
+
+    async def put_sources(
+        self, sources: Sequence[Source], *, progress: Progress | None = None
+    ) -> list[BlobRef]:
+        """Store many sources, packing small ones; one ``BlobRef`` per source, in order."""
+        plans = plan_chunks(
+            [source.size for source in sources],
+            chunk_bytes=self.options.chunk_bytes,
+            pack_below_bytes=self.options.pack_below_bytes,
+        )
+        hashers = [xxhash.xxh3_128() for _ in sources]
+        chunk_ids: list[str] = [""] * len(plans)
+        slots = asyncio.Semaphore(self.options.transfers_max)
+
+        async def store(index: int, raw: bytes) -> None:
+            try:
+                chunk_ids[index] = await self._store_raw_chunk(raw)
+                if progress is not None:
+                    progress(len(raw))
+            finally:
+                slots.release()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index, plan in enumerate(plans):
+                    await slots.acquire()
+                    raw = await asyncio.to_thread(_build_chunk, plan, sources, hashers)
+                    group.create_task(store(index, raw))
+        except BaseExceptionGroup as group_error:
+            raise _first_error(group_error) from None
+        return _blob_refs(sources, plans, chunk_ids, hashers)
+
+    async def put_blob(self, data: bytes) -> BlobRef:
+        source = Source(len(data), lambda offset, length: data[offset : offset + length])
+        return (await self.put_sources([source]))[0]
+
+    async def put_file(self, path: Path, *, progress: Progress | None = None) -> BlobRef:
+        return (await self.put_sources([file_source(path)], progress=progress))[0]
+
+    async def _fetch_extent(self, extent: Extent) -> bytes | DataUnavailable:
+        try:
+            raw = await self.fetch_chunk(extent.chunk_id)
+        except DataUnavailable as exc:
+            return exc
+        if extent.offset + extent.length > len(raw):
+            raise ChunkCorrupt(f"chunk {extent.chunk_id} is shorter than the extent naming it")
+        return raw[extent.offset : extent.offset + extent.length]
+
+    async def read_blob(
+        self, ref: BlobRef, sink: Callable[[bytes], object], *, progress: Progress | None = None
+    ) -> None:
+        """Feed a blob's bytes to ``sink`` in order, fetching a bounded window ahead.
+
+        Raises ``DataUnavailable`` naming every chunk no replica could serve (the sink has
+        then received a prefix only), and ``ChunkCorrupt`` if the reassembled blob does not
+        match its digest.
+        """
+        hasher = xxhash.xxh3_128()
+        pending: deque[asyncio.Task[bytes | DataUnavailable]] = deque()
+        missing: list[DataUnavailable] = []
+
+        def deliver(piece: bytes | DataUnavailable) -> None:
+            if isinstance(piece, DataUnavailable):
+                missing.append(piece)
+            elif not missing:
+                hasher.update(piece)
+                sink(piece)
+                if progress is not None:
+                    progress(len(piece))
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for extent in ref.extents:
+                    if len(pending) >= self.options.transfers_max:
+                        deliver(await pending.popleft())
+                    pending.append(group.create_task(self._fetch_extent(extent)))
+                while pending:
+                    deliver(await pending.popleft())
+        except BaseExceptionGroup as group_error:
+            raise _first_error(group_error) from None
+        if missing:
+            names = list(dict.fromkeys(chunk for error in missing for chunk in error.missing))
+            raise DataUnavailable(names, [str(error) for error in missing[:1]])
+        if hasher.hexdigest() != ref.digest:
+            raise ChunkCorrupt(f"reassembled blob does not match its digest {ref.digest}")
+
+    async def get_blob(self, ref: BlobRef) -> bytes:
+        pieces: list[bytes] = []
+        await self.read_blob(ref, pieces.append)
+        return b"".join(pieces)
+
+    async def get_file(self, ref: BlobRef, path: Path, *, progress: Progress | None = None) -> None:
+        """Write a blob to ``path`` atomically: a temp file, fsync, then rename."""
+        tmp = path.with_name(f".{path.name}.sr3-partial")
+        try:
+            handle = await asyncio.to_thread(open, tmp, "wb")
+            with handle:
+                await self.read_blob(ref, handle.write, progress=progress)
+                handle.flush()
+                await asyncio.to_thread(os.fsync, handle.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- records ------------------------------------------------------------------------
+
+    async def _get_record_from(self, member: Member, key: str) -> RecordValue | None:
+        try:
+            answer = await self._transport.request(
+                member.address, "GET", f"/v1/records/{key}", body_bytes_max=8 * 1024 * 1024
+            )
+        except PeerRejected as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return RecordValue(key, int(answer.headers.get("X-SR3-Version", "0")), answer.body)
+
+    async def get_record(self, key: str) -> RecordValue | None:
+        """The newest version held by the first R reachable replicas, or None."""
+        view = await self.ring()
+        answers, causes = await self._fan_out(
+            view.ring.walk(key), view.replication, lambda m: self._get_record_from(m, key)
+        )
+        if not answers:
+            raise DataUnavailable([key], causes)
+        return _newest([value for _member, value in answers if value is not None])
+
+    async def _put_record_to(
+        self, member: Member, key: str, value: bytes, expected_version: int
+    ) -> int:
+        try:
+            answer = await self._transport.request(
+                member.address,
+                "PUT",
+                f"/v1/records/{key}?expected_version={expected_version}",
+                body=value,
+            )
+        except PeerRejected as exc:
+            if exc.status == 409:
+                return -1
+            raise
+        return int(answer.json()["version"])
+
+    async def put_record(self, key: str, value: bytes, *, expected_version: int) -> int:
+        """Compare-and-set: store ``value`` as ``expected_version + 1`` on W..R replicas.
+
+        Raises ``RecordConflict`` when replicas hold a newer version than expected.
+        """
+        view = await self.ring()
+        answers, causes = await self._fan_out(
+            view.ring.walk(key),
+            view.replication,
+            lambda m: self._put_record_to(m, key, value, expected_version),
+        )
+        acks = sum(1 for _member, version in answers if version >= 0)
+        if acks >= view.write_quorum:
+            return expected_version + 1
+        if any(version < 0 for _member, version in answers):
+            current = await self.get_record(key)
+            raise RecordConflict(key, expected_version, current.version if current else 0)
+        raise QuorumError(f"record {key!r}", acks, view.write_quorum, causes)
+
+    async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
+        """Keys under ``prefix`` with the newest version any reachable peer knows."""
+        view = await self.ring()
+        path = f"/v1/records?prefix={_quote(prefix)}&limit={limit}"
+
+        async def one(member: Member) -> Any:
+            return (await self._transport.request(member.address, "GET", path)).json()
+
+        answers, _causes = await self._fan_out(view.ring.members, len(view.ring), one)
+        versions: dict[str, int] = {}
+        for _member, answer in answers:
+            for entry in answer["records"]:
+                key = str(entry["key"])
+                versions[key] = max(versions.get(key, 0), int(entry["version"]))
+        return dict(sorted(versions.items())[:limit])
+
+    # -- named files (sr3 put / sr3 get) ------------------------------------------------
+
+    async def store_file(
+        self, path: Path, key: str, *, progress: Progress | None = None
+    ) -> BlobRef:
+        """Store a file and point record ``blob/<key>`` at it (replacing what was there)."""
+        ref = await self.put_file(path, progress=progress)
+        record_key = BLOB_KEY_PREFIX + key
+        current = await self.get_record(record_key)
+        value = json.dumps(ref.to_json(), separators=(",", ":")).encode()
+        await self.put_record(record_key, value, expected_version=current.version if current else 0)
+        return ref
+
+    async def lookup_file(self, key: str) -> BlobRef:
+        record = await self.get_record(BLOB_KEY_PREFIX + key)
+        if record is None:
+            raise NotFound(f"no file is stored under key {key!r}")
+        try:
+            return BlobRef.from_json(json.loads(record.value))
+        except json.JSONDecodeError as exc:
+            raise ProtocolError(f"record for {key!r} is not a blob reference") from exc
+
+    # -- status -------------------------------------------------------------------------
+
+    async def status(self) -> RingStatus:
+        """Every member's state and figures, like ``nodetool status``."""
+        view = await self.ring(refresh=True)
+        ownership = view.ring.ownership(view.replication)
+
+        async def probe(member: Member) -> PeerStatus:
+            try:
+                info = (
+                    await asyncio.wait_for(
+                        self._transport.request(member.address, "GET", "/v1/info"),
+                        STATUS_TIMEOUT_S,
+                    )
+                ).json()
+            except (PeerError, TimeoutError) as exc:
+                return PeerStatus(
+                    member.peer_id,
+                    member.address,
+                    member.zone,
+                    "down",
+                    ownership.get(member.peer_id, 0.0),
+                    None,
+                    None,
+                    None,
+                    str(exc) or "timeout",
+                )
+            return PeerStatus(
+                member.peer_id,
+                member.address,
+                member.zone,
+                "up",
+                ownership.get(member.peer_id, 0.0),
+                int(info["stored_bytes"]),
+                int(info["chunk_count"]),
+                int(info["record_count"]),
+            )
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(probe(member)) for member in view.ring.members]
+        peers = tuple(task.result() for task in tasks)
+        return RingStatus(view.replication, view.write_quorum, peers)
+
+
+def _quote(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
+def file_source(path: Path) -> Source:
+    size = path.stat().st_size
+
+    def read(offset: int, length: int) -> bytes:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(length)
+        if len(data) != length:
+            raise SR3Error(f"{path} changed while it was being stored")
+        return data
+
+    return Source(size, read)
+
+
+def _build_chunk(plan: ChunkPlan, sources: Sequence[Source], hashers: list[Any]) -> bytes:
+    """Read a chunk's pieces and feed each source's digest, in source order."""
+    parts = []
+    for piece in plan.pieces:
+        data = sources[piece.source].read(piece.offset, piece.length)
+        hashers[piece.source].update(data)
+        parts.append(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _blob_refs(
+    sources: Sequence[Source],
+    plans: Sequence[ChunkPlan],
+    chunk_ids: Sequence[str],
+    hashers: Sequence[Any],
+) -> list[BlobRef]:
+    extents: list[list[Extent]] = [[] for _ in sources]
+    for plan, chunk_id in zip(plans, chunk_ids, strict=True):
+        position = 0
+        for piece in plan.pieces:
+            extents[piece.source].append(Extent(chunk_id, position, piece.length))
+            position += piece.length
+    return [
+        BlobRef(source.size, hasher.hexdigest(), tuple(found))
+        for source, hasher, found in zip(sources, hashers, extents, strict=True)
+    ]
+
+
+def _newest(values: Sequence[RecordValue]) -> RecordValue | None:
+    """The newest version; among equal versions, the value most replicas hold."""
+    if not values:
+        return None
+    newest = max(value.version for value in values)
+    candidates = [value for value in values if value.version == newest]
+    counts: dict[bytes, int] = {}
+    for value in candidates:
+        counts[value.value] = counts.get(value.value, 0) + 1
+    best = max(counts, key=lambda value: (counts[value], xxhash.xxh3_64_hexdigest(value)))
+    return RecordValue(candidates[0].key, newest, best, conflict=len(counts) > 1)

@@ -1,0 +1,184 @@
+"""The chunk codec: content addresses and the stored form of a chunk.
+
+A chunk is immutable bytes addressed by the xxh3-128 of its raw content (32 hex digits).
+Peers store and ship the *stored form*: a fixed 48-byte header followed by the payload,
+which is the raw bytes compressed with zstd, or the raw bytes themselves when compression
+does not pay. The header carries the format version, the codec, the raw and payload
+lengths, an xxh3-64 of the payload (cheap check of what is on disk or on the wire) and the
+chunk id (the end-to-end check after decompression).
+
+    offset size field
+    0      4    magic b"SR3C"
+    4      1    format version (1)
+    5      1    codec (0 = raw, 1 = zstd)
+    6      2    reserved, zero
+    8      8    raw length (little endian)
+    16     8    payload length
+    24     8    xxh3-64 of the payload
+    32     16   chunk id: xxh3-128 of the raw bytes (big endian digest)
+
+Everything here is a pure function of bytes; callers own the I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import threading
+from dataclasses import dataclass
+
+import xxhash
+import zstandard
+
+from sr3.errors import ChunkCorrupt, ChunkTooLarge
+
+__all__ = [
+    "CHUNK_BYTES_MAX",
+    "CHUNK_ID_PATTERN",
+    "CODEC_RAW",
+    "CODEC_ZSTD",
+    "HEADER_BYTES",
+    "StoredHeader",
+    "chunk_id",
+    "decode",
+    "encode",
+    "is_chunk_id",
+    "parse_header",
+    "verify_stored",
+]
+
+MAGIC = b"SR3C"
+FORMAT_VERSION = 1
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+HEADER = struct.Struct("<4sBBHQQQ16s")
+HEADER_BYTES = HEADER.size  # 48
+# Largest raw chunk accepted anywhere. Blobs are cut into chunks of at most this size;
+# bodies on the wire are bounded by it plus the header and zstd's worst-case expansion.
+CHUNK_BYTES_MAX = 8 * 1024 * 1024
+STORED_BYTES_MAX = HEADER_BYTES + CHUNK_BYTES_MAX + CHUNK_BYTES_MAX // 128 + 1024
+CHUNK_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+# zstd level 1 is the fastest level that still compresses state-like data well; it keeps
+# the write path close to wire speed on small machines.
+ZSTD_LEVEL = 1
+# Compression must save at least this fraction to be kept; otherwise the payload is raw
+# and reads skip decompression.
+COMPRESSION_GAIN_MIN = 0.03
+
+_local = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    compressor: zstandard.ZstdCompressor | None = getattr(_local, "compressor", None)
+    if compressor is None:
+        compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        _local.compressor = compressor
+    return compressor
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_local, "decompressor", None)
+    if decompressor is None:
+        decompressor = zstandard.ZstdDecompressor()
+        _local.decompressor = decompressor
+    return decompressor
+
+
+@dataclass(frozen=True, slots=True)
+class StoredHeader:
+    codec: int
+    raw_bytes: int
+    payload_bytes: int
+    payload_checksum: int
+    chunk_id: str
+
+
+def chunk_id(raw: bytes | memoryview) -> str:
+    """The content address of raw chunk bytes: xxh3-128, 32 lowercase hex digits."""
+    return xxhash.xxh3_128_hexdigest(raw)
+
+
+def is_chunk_id(text: str) -> bool:
+    return CHUNK_ID_PATTERN.match(text) is not None
+
+
+def encode(raw: bytes | memoryview, *, compress: bool = True) -> tuple[str, bytes]:
+    """Return ``(chunk_id, stored_form)`` for raw chunk bytes."""
+    if len(raw) > CHUNK_BYTES_MAX:
+        raise ChunkTooLarge(f"chunk of {len(raw)} bytes is above the limit of {CHUNK_BYTES_MAX}")
+    digest = xxhash.xxh3_128_digest(raw)
+    codec = CODEC_RAW
+    payload: bytes | memoryview = raw
+    if compress and len(raw) > 0:
+        packed = _compressor().compress(raw)
+        if len(packed) <= len(raw) * (1.0 - COMPRESSION_GAIN_MIN):
+            codec, payload = CODEC_ZSTD, packed
+    header = HEADER.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        codec,
+        0,
+        len(raw),
+        len(payload),
+        xxhash.xxh3_64_intdigest(payload),
+        digest,
+    )
+    return digest.hex(), header + bytes(payload)
+
+
+def parse_header(stored: bytes | memoryview) -> StoredHeader:
+    """Parse and sanity-check the header of a stored chunk (not its payload)."""
+    if len(stored) < HEADER_BYTES:
+        raise ChunkCorrupt(f"stored chunk of {len(stored)} bytes is shorter than its header")
+    magic, version, codec, reserved, raw_bytes, payload_bytes, checksum, digest = (
+        HEADER.unpack_from(stored)
+    )
+    if magic != MAGIC:
+        raise ChunkCorrupt("stored chunk has a bad magic number")
+    if version != FORMAT_VERSION or reserved != 0:
+        raise ChunkCorrupt(f"stored chunk has unsupported format version {version}")
+    if codec not in (CODEC_RAW, CODEC_ZSTD):
+        raise ChunkCorrupt(f"stored chunk has unknown codec {codec}")
+    if raw_bytes > CHUNK_BYTES_MAX:
+        raise ChunkTooLarge(f"stored chunk claims {raw_bytes} raw bytes, above the limit")
+    if codec == CODEC_RAW and payload_bytes != raw_bytes:
+        raise ChunkCorrupt("raw chunk payload length differs from its raw length")
+    return StoredHeader(codec, raw_bytes, payload_bytes, checksum, digest.hex())
+
+
+def verify_stored(stored: bytes | memoryview, expected_id: str | None = None) -> StoredHeader:
+    """Check the header and payload checksum of a stored chunk without decompressing it."""
+    header = parse_header(stored)
+    if expected_id is not None and header.chunk_id != expected_id:
+        raise ChunkCorrupt(f"stored chunk is {header.chunk_id}, expected {expected_id}")
+    payload = memoryview(stored)[HEADER_BYTES:]
+    if len(payload) != header.payload_bytes:
+        raise ChunkCorrupt(
+            f"chunk {header.chunk_id}: payload is {len(payload)} bytes, header says "
+            f"{header.payload_bytes}"
+        )
+    if xxhash.xxh3_64_intdigest(payload) != header.payload_checksum:
+        raise ChunkCorrupt(f"chunk {header.chunk_id}: payload checksum mismatch")
+    return header
+
+
+def decode(stored: bytes | memoryview, expected_id: str | None = None) -> bytes:
+    """Verify a stored chunk end to end and return its raw bytes.
+
+    Raises ``ChunkCorrupt`` unless the payload checksum, the decompressed length and the
+    content address all match. A chunk that fails is never returned.
+    """
+    header = verify_stored(stored, expected_id)
+    payload = memoryview(stored)[HEADER_BYTES:]
+    if header.codec == CODEC_ZSTD:
+        try:
+            raw = _decompressor().decompress(payload, max_output_size=header.raw_bytes)
+        except zstandard.ZstdError as exc:
+            raise ChunkCorrupt(f"chunk {header.chunk_id}: {exc}") from exc
+    else:
+        raw = bytes(payload)
+    if len(raw) != header.raw_bytes:
+        raise ChunkCorrupt(f"chunk {header.chunk_id}: decompressed length mismatch")
+    if xxhash.xxh3_128_hexdigest(raw) != header.chunk_id:
+        raise ChunkCorrupt(f"chunk {header.chunk_id}: content does not match its address")
+    return raw

@@ -1,0 +1,130 @@
+"""The one error hierarchy of sr3.
+
+Every error that sr3 raises on purpose derives from ``SR3Error``. Library errors
+(aiohttp, OS, zstandard) are translated where they enter, with ``raise ... from exc``::
+
+    SR3Error
+    ├── ConfigError            configuration missing or invalid (ring, secret, cluster file)
+    ├── ProtocolError          a request or response that does not follow the peer protocol
+    ├── AuthError              a peer refused our credentials (HTTP 401)
+    ├── PeerError              one peer failed one request
+    │   ├── PeerUnavailable    connection refused, reset or timed out
+    │   └── PeerRejected       the peer answered with an error status
+    ├── ChunkError             a chunk is malformed or fails verification
+    │   ├── ChunkCorrupt       checksum or content address mismatch
+    │   └── ChunkTooLarge      above the chunk size limit
+    ├── StorageFull            a peer's disk or quota is full
+    ├── QuorumError            fewer than W replicas acknowledged a write
+    ├── RecordConflict         compare-and-set refused: the expected version is stale
+    ├── NotFound               no such record or blob
+    └── DataUnavailable        no live replica could serve some chunks (names them)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "AuthError",
+    "ChunkCorrupt",
+    "ChunkError",
+    "ChunkTooLarge",
+    "ConfigError",
+    "DataUnavailable",
+    "NotFound",
+    "PeerError",
+    "PeerRejected",
+    "PeerUnavailable",
+    "ProtocolError",
+    "QuorumError",
+    "RecordConflict",
+    "SR3Error",
+    "StorageFull",
+]
+
+
+class SR3Error(Exception):
+    """Base class of every error sr3 raises on purpose."""
+
+
+class ConfigError(SR3Error):
+    """Configuration is missing or invalid."""
+
+
+class ProtocolError(SR3Error):
+    """A request or response does not follow the peer protocol."""
+
+
+class AuthError(SR3Error):
+    """A peer refused the request's credentials."""
+
+
+class PeerError(SR3Error):
+    """One peer failed one request."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__(f"{address}: {message}")
+        self.address = address
+
+
+class PeerUnavailable(PeerError):
+    """The peer could not be reached (refused, reset, timed out)."""
+
+
+class PeerRejected(PeerError):
+    """The peer answered with an error status."""
+
+    def __init__(self, address: str, status: int, code: str, message: str) -> None:
+        super().__init__(address, f"HTTP {status} {code}: {message}")
+        self.status = status
+        self.code = code
+
+
+class ChunkError(SR3Error):
+    """A chunk is malformed or fails verification."""
+
+
+class ChunkCorrupt(ChunkError):
+    """A chunk's checksum or content address does not match its bytes."""
+
+
+class ChunkTooLarge(ChunkError):
+    """A chunk is above the chunk size limit."""
+
+
+class StorageFull(SR3Error):
+    """A peer's disk or configured capacity is full."""
+
+
+class QuorumError(SR3Error):
+    """Fewer than W replicas acknowledged a write."""
+
+    def __init__(self, what: str, acks: int, needed: int, causes: Sequence[str]) -> None:
+        detail = "; ".join(causes[:5]) or "no replica reachable"
+        super().__init__(f"{what}: {acks} of {needed} required replicas acknowledged ({detail})")
+        self.acks = acks
+        self.needed = needed
+
+
+class RecordConflict(SR3Error):
+    """Compare-and-set refused because the expected version is stale."""
+
+    def __init__(self, key: str, expected: int, current: int) -> None:
+        super().__init__(f"record {key!r}: expected version {expected}, current is {current}")
+        self.key = key
+        self.expected = expected
+        self.current = current
+
+
+class NotFound(SR3Error):
+    """No such record or blob."""
+
+
+class DataUnavailable(SR3Error):
+    """No live replica could serve some chunks; ``missing`` names them."""
+
+    def __init__(self, missing: Sequence[str], causes: Sequence[str] = ()) -> None:
+        shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+        detail = f" ({'; '.join(causes[:3])})" if causes else ""
+        super().__init__(f"{len(missing)} chunk(s) unavailable on every replica: {shown}{detail}")
+        self.missing = list(missing)

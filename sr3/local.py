@@ -1,0 +1,264 @@
+"""The embedded local cluster: N peers as subprocesses on 127.0.0.x addresses.
+
+Each peer runs exactly the program an operator runs (``python -m sr3 peer ...``), with
+its own data folder and log under the cluster home, the secret passed in the environment
+(never on the command line), and its own session so that a terminal's Ctrl-C does not
+reach it. The cluster file records addresses, pids and the secret for other commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from ring.auth import generate_secret
+from ring.placement import VNODES_DEFAULT
+from sr3.config import ClusterFile, ClusterPeer, cluster_file_path
+from sr3.errors import ConfigError, SR3Error
+
+__all__ = ["BASE_PORT_DEFAULT", "LocalCluster", "peer_command"]
+
+BASE_PORT_DEFAULT = 7401
+PORT_TRIES_MAX = 200
+HEALTH_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+def peer_command(cluster: ClusterFile, peer: ClusterPeer) -> list[str]:
+    """The ``sr3 peer`` command line of one member (the same one compose services run)."""
+    host, _, port = peer.address.rpartition(":")
+    members = ",".join(f"{p.peer_id}={p.address}" for p in cluster.peers)
+    command = [
+        sys.executable, "-m", "sr3", "peer",
+        "--id", peer.peer_id,
+        "--listen", f"{host}:{port}",
+        "--data", peer.data_dir,
+        "--members", members,
+        "--replication", str(cluster.replication),
+        "--write-quorum", str(cluster.write_quorum),
+        "--vnodes", str(cluster.vnodes),
+    ]  # fmt: skip
+    if peer.zone:
+        command += ["--zone", peer.zone]
+    return command
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_port(hosts: Sequence[str], base_port: int) -> int:
+    for port in range(base_port, base_port + PORT_TRIES_MAX):
+        if all(_port_free(host, port) for host in hosts):
+            return port
+    raise ConfigError(f"no free port in {base_port}..{base_port + PORT_TRIES_MAX} on {hosts[0]}..")
+
+
+def _healthy(address: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}/v1/health", timeout=0.5) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _is_peer_process(pid: int) -> bool:
+    """True if ``pid`` is alive and is an sr3 peer (guards against pid reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"sr3" in cmdline and b"peer" in cmdline
+
+
+class LocalCluster:
+    """Start, stop, kill and restart the peers of an embedded cluster."""
+
+    def __init__(self, cluster: ClusterFile, cluster_file: Path) -> None:
+        self.cluster = cluster
+        self.cluster_file = cluster_file
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    @classmethod
+    def create(
+        cls,
+        home: Path,
+        peers: int,
+        *,
+        replication: int = 3,
+        write_quorum: int = 2,
+        vnodes: int = VNODES_DEFAULT,
+        base_port: int = BASE_PORT_DEFAULT,
+        zones: int = 0,
+        cluster_file: Path | None = None,
+    ) -> LocalCluster:
+        """Lay out (but do not start) a new cluster of ``peers`` peers under ``home``."""
+        if not 1 <= peers <= 250:
+            raise ConfigError("a local cluster has 1 to 250 peers")
+        if not 1 <= write_quorum <= replication:
+            raise ConfigError("write quorum must be between 1 and the replication factor")
+        hosts = [f"127.0.0.{index}" for index in range(1, peers + 1)]
+        port = _pick_port(hosts, base_port)
+        members = tuple(
+            ClusterPeer(
+                peer_id=f"peer-{index}",
+                address=f"{host}:{port}",
+                data_dir=str(home / f"peer-{index}"),
+                zone=f"zone-{(index - 1) % zones + 1}" if zones else "",
+                log_file=str(home / f"peer-{index}" / "peer.log"),
+            )
+            for index, host in enumerate(hosts, start=1)
+        )
+        cluster = ClusterFile(
+            secret=generate_secret(), replication=replication, write_quorum=write_quorum,
+            vnodes=vnodes, peers=members, home=str(home),
+        )  # fmt: skip
+        return cls(cluster, cluster_file or cluster_file_path())
+
+    @classmethod
+    def load(cls, cluster_file: Path | None = None) -> LocalCluster:
+        path = cluster_file or cluster_file_path()
+        return cls(ClusterFile.read(path), path)
+
+    @property
+    def ring(self) -> str:
+        return ",".join(self.cluster.addresses)
+
+    @property
+    def secret(self) -> str:
+        return self.cluster.secret
+
+    def peer(self, peer_id: str) -> ClusterPeer:
+        for peer in self.cluster.peers:
+            if peer.peer_id == peer_id:
+                return peer
+        raise ConfigError(f"no peer {peer_id!r} in this cluster")
+
+    def _save(self) -> None:
+        self.cluster.write(self.cluster_file)
+
+    def _set_pid(self, peer_id: str, pid: int | None) -> None:
+        peers = tuple(
+            replace(p, pid=pid) if p.peer_id == peer_id else p for p in self.cluster.peers
+        )
+        self.cluster = replace(self.cluster, peers=peers)
+        self._save()
+
+    def start(self, peer_id: str | None = None, *, wait: bool = True) -> None:
+        """Start one peer, or every peer that is not running; wait until healthy."""
+        targets = [self.peer(peer_id)] if peer_id else list(self.cluster.peers)
+        for peer in targets:
+            if peer.pid is not None and _is_peer_process(peer.pid):
+                continue
+            Path(peer.data_dir).mkdir(parents=True, exist_ok=True)
+            log_path = Path(peer.log_file or Path(peer.data_dir) / "peer.log")
+            with open(log_path, "ab") as log_handle:
+                process = subprocess.Popen(
+                    peer_command(self.cluster, peer),
+                    stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
+                    env={**os.environ, "SR3_SECRET": self.cluster.secret},
+                    start_new_session=True,
+                )  # fmt: skip
+            self._processes[peer.peer_id] = process
+            self._set_pid(peer.peer_id, process.pid)
+        if wait:
+            self.wait_healthy([peer.peer_id for peer in targets])
+
+    def wait_healthy(self, peer_ids: Sequence[str], timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        waiting = [self.peer(peer_id) for peer_id in peer_ids]
+        while waiting:
+            waiting = [peer for peer in waiting if not _healthy(peer.address)]
+            for peer in waiting:
+                process = self._processes.get(peer.peer_id)
+                if process is not None and process.poll() is not None:
+                    raise SR3Error(
+                        f"peer {peer.peer_id} exited with code {process.returncode}; "
+                        f"see {peer.log_file}"
+                    )
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(peer.peer_id for peer in waiting)
+                raise SR3Error(f"peers not healthy after {timeout_s:.0f} s: {names}")
+            if waiting:
+                time.sleep(0.1)
+
+    def up(self) -> None:
+        self._save()
+        try:
+            self.start()
+        except BaseException:
+            self.down()
+            raise
+
+    def running(self, peer_id: str) -> bool:
+        pid = self.peer(peer_id).pid
+        return pid is not None and _is_peer_process(pid)
+
+    def signal(self, peer_id: str, signum: int) -> None:
+        pid = self.peer(peer_id).pid
+        if pid is None or not _is_peer_process(pid):
+            raise SR3Error(f"peer {peer_id} is not running")
+        os.kill(pid, signum)
+
+    def kill(self, peer_id: str) -> None:
+        """SIGKILL one peer and reap it."""
+        self.signal(peer_id, signal.SIGKILL)
+        self._reap(peer_id, STOP_TIMEOUT_S)
+        self._set_pid(peer_id, None)
+
+    def stop(self, peer_id: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM one peer, SIGKILL it if it has not exited after ``timeout_s``."""
+        peer = self.peer(peer_id)
+        if peer.pid is None or not _is_peer_process(peer.pid):
+            self._set_pid(peer_id, None)
+            return
+        os.kill(peer.pid, signal.SIGTERM)
+        if not self._reap(peer_id, timeout_s):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(peer.pid, signal.SIGKILL)
+            self._reap(peer_id, timeout_s)
+        self._set_pid(peer_id, None)
+
+    def _reap(self, peer_id: str, timeout_s: float) -> bool:
+        """Wait for a peer to exit; True if it did within ``timeout_s``."""
+        process = self._processes.pop(peer_id, None)
+        if process is not None:
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._processes[peer_id] = process
+                return False
+            return True
+        pid = self.peer(peer_id).pid
+        deadline = time.monotonic() + timeout_s
+        while pid is not None and _is_peer_process(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def down(self, *, purge: bool = False) -> None:
+        """Stop every peer; remove the cluster file (and the data with ``purge``)."""
+        for peer in self.cluster.peers:
+            self.stop(peer.peer_id)
+        self.cluster_file.unlink(missing_ok=True)
+        if purge:
+            for peer in self.cluster.peers:
+                shutil.rmtree(peer.data_dir, ignore_errors=True)

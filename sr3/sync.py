@@ -1,0 +1,102 @@
+"""A blocking facade over ``Client`` for scripts and for callers on foreign threads.
+
+The async client runs on an event loop owned by one daemon thread; each method submits
+a coroutine there and waits for its result. Safe to call from any thread, including
+threads that run an event loop of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from sr3.blobs import BlobRef
+from sr3.client import Client, ClientOptions, Progress, RecordValue, RingStatus, Source
+
+__all__ = ["SyncClient"]
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    def __init__(
+        self, ring: str | Sequence[str], secret: str, *, options: ClientOptions | None = None
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="sr3-client", daemon=True
+        )
+        self._thread.start()
+        self._client = self._call(self._make(ring, secret, options))
+
+    @staticmethod
+    async def _make(
+        ring: str | Sequence[str], secret: str, options: ClientOptions | None
+    ) -> Client:
+        return Client(ring, secret, options=options or ClientOptions())
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coroutine.close()
+            raise RuntimeError("this SyncClient is closed")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._call(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def put_blob(self, data: bytes) -> BlobRef:
+        return self._call(self._client.put_blob(data))
+
+    def get_blob(self, ref: BlobRef) -> bytes:
+        return self._call(self._client.get_blob(ref))
+
+    def put_sources(self, sources: Sequence[Source]) -> list[BlobRef]:
+        return self._call(self._client.put_sources(sources))
+
+    def put_file(self, path: Path, *, progress: Progress | None = None) -> BlobRef:
+        return self._call(self._client.put_file(path, progress=progress))
+
+    def get_file(self, ref: BlobRef, path: Path, *, progress: Progress | None = None) -> None:
+        self._call(self._client.get_file(ref, path, progress=progress))
+
+    def store_file(self, path: Path, key: str, *, progress: Progress | None = None) -> BlobRef:
+        return self._call(self._client.store_file(path, key, progress=progress))
+
+    def lookup_file(self, key: str) -> BlobRef:
+        return self._call(self._client.lookup_file(key))
+
+    def get_record(self, key: str) -> RecordValue | None:
+        return self._call(self._client.get_record(key))
+
+    def put_record(self, key: str, value: bytes, *, expected_version: int) -> int:
+        return self._call(self._client.put_record(key, value, expected_version=expected_version))
+
+    def list_records(self, prefix: str = "") -> dict[str, int]:
+        return self._call(self._client.list_records(prefix))
+
+    def status(self) -> RingStatus:
+        return self._call(self._client.status())
