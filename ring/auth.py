@@ -162,10 +162,9 @@ class Verifier:
         self._clock = clock
         self._replays = ReplayCache()
 
-    def verify(
-        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
-    ) -> None:
-        """Raise ``AuthFailure`` unless the request is correctly signed and fresh."""
+    def verify_headers(self, method: str, path_qs: str, headers: Mapping[str, str]) -> str:
+        """Check signature, freshness and replay from the headers alone, before any body
+        is read; return the signed body digest for ``verify_body``."""
         parsed = _parse(headers)
         now = self._clock()
         if abs(now - parsed.timestamp) > SKEW_S_MAX:
@@ -177,10 +176,20 @@ class Verifier:
         ).hexdigest()
         if not hmac.compare_digest(expected, parsed.signature):
             raise AuthFailure("bad signature")
-        if not hmac.compare_digest(body_digest(body), parsed.body_sha256):
-            raise AuthFailure("body does not match its signed digest")
         if not self._replays.check_and_add(parsed.nonce, now):
             raise AuthFailure("replayed request")
+        return parsed.body_sha256
+
+    @staticmethod
+    def verify_body(signed_digest: str, body: bytes | memoryview | None) -> None:
+        if not hmac.compare_digest(body_digest(body), signed_digest):
+            raise AuthFailure("body does not match its signed digest")
+
+    def verify(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+    ) -> None:
+        """Raise ``AuthFailure`` unless the request is correctly signed and fresh."""
+        self.verify_body(self.verify_headers(method, path_qs, headers), body)
 
     def verify_metrics_bearer(self, headers: Mapping[str, str]) -> bool:
         scheme, _, token = headers.get(HEADER_AUTHORIZATION, "").partition(" ")

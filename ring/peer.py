@@ -163,8 +163,11 @@ class Peer:
             return
         if request.path == "/metrics" and self.verifier.verify_metrics_bearer(request.headers):
             return
+        # The signature is checked before the body is read: a stranger cannot make the
+        # peer buffer a body.
+        digest = self.verifier.verify_headers(request.method, request.raw_path, request.headers)
         body = await request.read() if request.body_exists else None
-        self.verifier.verify(request.method, request.raw_path, request.headers, body)
+        self.verifier.verify_body(digest, body)
 
     # -- peer ---------------------------------------------------------------------------
 

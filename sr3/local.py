@@ -27,7 +27,7 @@ from ring.placement import VNODES_DEFAULT
 from sr3.config import ClusterFile, ClusterPeer, cluster_file_path
 from sr3.errors import ConfigError, SR3Error
 
-__all__ = ["BASE_PORT_DEFAULT", "LocalCluster", "peer_command"]
+__all__ = ["BASE_PORT_DEFAULT", "LocalCluster", "peer_command", "pick_port"]
 
 BASE_PORT_DEFAULT = 7401
 PORT_TRIES_MAX = 200
@@ -64,7 +64,7 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _pick_port(hosts: Sequence[str], base_port: int) -> int:
+def pick_port(hosts: Sequence[str], base_port: int) -> int:
     for port in range(base_port, base_port + PORT_TRIES_MAX):
         if all(_port_free(host, port) for host in hosts):
             return port
@@ -115,7 +115,7 @@ class LocalCluster:
         if not 1 <= write_quorum <= replication:
             raise ConfigError("write quorum must be between 1 and the replication factor")
         hosts = [f"127.0.0.{index}" for index in range(1, peers + 1)]
-        port = _pick_port(hosts, base_port)
+        port = pick_port(hosts, base_port)
         members = tuple(
             ClusterPeer(
                 peer_id=f"peer-{index}",

@@ -1,0 +1,16 @@
+# One sr3 storage peer. The image runs `sr3 peer`; configuration comes from SR3_* variables
+# (see docker-compose.yml and `sr3 peer --help`). Peers do not need Spark or Java.
+FROM python:3.11-slim
+WORKDIR /opt/sr3
+COPY pyproject.toml README.md ./
+COPY sr3 ./sr3
+COPY ring ./ring
+COPY recovery ./recovery
+COPY spark_connector ./spark_connector
+RUN pip install --no-cache-dir . && useradd --system --uid 7401 sr3 && mkdir /data && chown sr3 /data
+USER sr3
+VOLUME ["/data"]
+EXPOSE 7401
+HEALTHCHECK --interval=5s --timeout=2s --retries=6 \
+  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7401/v1/health', timeout=1)"
+ENTRYPOINT ["sr3", "peer"]

@@ -1,0 +1,35 @@
+# Two commands for a fresh machine (Python 3.11+, Java 17):
+#   make demo   install everything into .venv and run the main job on a local ring
+#   make test   install everything into .venv and run lint, types and the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint check bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[spark,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/sr3 demo
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+test: lint
+	$(PY) -m pytest -q --durations=10
+
+bench: install
+	$(PY) benchmarks/bench_placement.py
+	$(PY) benchmarks/bench_store.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,112 @@
+"""docker-compose.yml, checked without a container engine.
+
+What it breaks: nothing; it checks that the compose file parses, that every service is
+configured like a peer, and that each service's exact environment and entrypoint, with
+container host names mapped to 127.0.0.x, starts real ``sr3 peer`` processes that form a
+working ring. So the compose file cannot drift from the command line the tests run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sr3.client import Client
+from sr3.local import pick_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _compose() -> dict[str, Any]:
+    loaded = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _entrypoint() -> list[str]:
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("ENTRYPOINT"):
+            return list(yaml.safe_load(line.removeprefix("ENTRYPOINT").strip()))
+    raise AssertionError("Dockerfile has no ENTRYPOINT")
+
+
+def test_compose_file_describes_a_ring_of_at_least_five_peers() -> None:
+    services = _compose()["services"]
+    assert len(services) >= 5
+    volumes = set()
+    for name, service in services.items():
+        environment = service["environment"]
+        assert {"SR3_PEER_ID", "SR3_LISTEN", "SR3_DATA", "SR3_MEMBERS"} <= set(environment), name
+        assert service["restart"] == "unless-stopped", name
+        assert "healthcheck" in service, name
+        assert service["env_file"] == ".env", name
+        volumes.update(volume.split(":")[0] for volume in service["volumes"])
+        members = environment["SR3_MEMBERS"].split(",")
+        assert f"{environment['SR3_PEER_ID']}={environment['SR3_ADVERTISE']}" in members
+    assert len(volumes) == len(services), "every peer needs a data volume of its own"
+    assert _entrypoint() == ["sr3", "peer"]
+
+
+def test_every_service_command_line_runs_a_real_peer(tmp_path: Path) -> None:
+    services = _compose()["services"]
+    hosts = {name: f"127.0.0.{index}" for index, name in enumerate(sorted(services), start=1)}
+    port = pick_port(list(hosts.values()), 7600)
+    secret = "compose-test-secret-0123456789"
+
+    def local(text: str) -> str:
+        for name, host in hosts.items():
+            text = text.replace(f"{name}:7401", f"{host}:{port}")
+        return text
+
+    processes = []
+    sr3 = [sys.executable, "-m", "sr3"]
+    try:
+        for name, service in sorted(services.items()):
+            env = {key: local(str(value)) for key, value in service["environment"].items()}
+            env["SR3_LISTEN"] = f"{hosts[name]}:{port}"
+            env["SR3_DATA"] = str(tmp_path / name)
+            env["SR3_SECRET"] = secret
+            command = sr3 + _entrypoint()[1:]
+            log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115
+            processes.append(
+                subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=log)
+            )
+            log.close()
+        for host in hosts.values():
+            _wait_healthy(f"{host}:{port}")
+        ring = ",".join(f"{host}:{port}" for host in hosts.values())
+
+        async def round_trip() -> bytes:
+            async with Client(ring, secret) as client:
+                ref = await client.put_blob(b"compose" * 1000)
+                return await client.get_blob(ref)
+
+        import asyncio
+
+        assert asyncio.run(round_trip()) == b"compose" * 1000
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            assert process.wait(timeout=15) == 0, "a peer did not stop cleanly on SIGTERM"
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _wait_healthy(address: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{address}/v1/health", timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    pytest.fail(f"peer at {address} never became healthy")
