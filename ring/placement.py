@@ -136,6 +136,13 @@ class Ring:
         chosen = self._preference_at(self._position(key_token(key)), count)
         return tuple(self.members[owner] for owner in chosen)
 
+    def candidates(self, key: str, count: int) -> tuple[Member, ...]:
+        """Every member once: the preference list of ``count`` first, then the rest of the
+        walk. Writes take the first reachable ``count``; reads fall back in this order."""
+        preferred = self.preference_list(key, count)
+        chosen = {member.peer_id for member in preferred}
+        return preferred + tuple(m for m in self.walk(key) if m.peer_id not in chosen)
+
     def ownership(self, replication: int) -> dict[str, float]:
         """Per peer id, the exact fraction of the token space it replicates.
 

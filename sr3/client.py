@@ -261,7 +261,7 @@ class Client:
         chunk_id, stored = await asyncio.to_thread(codec.encode, raw)
         view = await self.ring()
         answers, causes = await self._fan_out(
-            view.ring.walk(chunk_id),
+            view.ring.candidates(chunk_id, view.replication),
             view.replication,
             lambda member: self._put_chunk_to(member, chunk_id, stored),
         )
@@ -286,7 +286,9 @@ class Client:
         """A chunk's raw bytes, verified; from the first replica in the walk that has it."""
         view = await self.ring()
         answers, causes = await self._fan_out(
-            view.ring.walk(chunk_id), 1, lambda member: self._get_chunk_from(member, chunk_id)
+            view.ring.candidates(chunk_id, view.replication),
+            1,
+            lambda member: self._get_chunk_from(member, chunk_id),
         )
         if not answers:
             raise DataUnavailable([chunk_id], causes)
@@ -414,7 +416,9 @@ class Client:
         """The newest version held by the first R reachable replicas, or None."""
         view = await self.ring()
         answers, causes = await self._fan_out(
-            view.ring.walk(key), view.replication, lambda m: self._get_record_from(m, key)
+            view.ring.candidates(key, view.replication),
+            view.replication,
+            lambda m: self._get_record_from(m, key),
         )
         if not answers:
             raise DataUnavailable([key], causes)
@@ -443,7 +447,7 @@ class Client:
         """
         view = await self.ring()
         answers, causes = await self._fan_out(
-            view.ring.walk(key),
+            view.ring.candidates(key, view.replication),
             view.replication,
             lambda m: self._put_record_to(m, key, value, expected_version),
         )
