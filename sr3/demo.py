@@ -55,12 +55,19 @@ def _exercise(
             await client.store_file(source, "demo/state")
             return time.monotonic() - begin
 
-    async def fetch() -> float:
+    async def fetch() -> tuple[float, dict[int, int]]:
         async with Client(cluster.ring, cluster.secret) as client:
             begin = time.monotonic()
             ref = await client.lookup_file("demo/state")
             await client.get_file(ref, restored)
-            return time.monotonic() - begin
+            elapsed = time.monotonic() - begin
+            view = await client.ring()
+            lost: dict[int, int] = {}
+            for extent in ref.extents:
+                holders = view.ring.preference_list(extent.chunk_id, view.replication)
+                gone = sum(1 for member in holders if member.peer_id in victims)
+                lost[gone] = lost.get(gone, 0) + 1
+            return elapsed, lost
 
     put_s = asyncio.run(store())
     print(f"stored {state_bytes / 2**20:.0f} MiB of state in {put_s:.2f} s")
@@ -68,7 +75,10 @@ def _exercise(
     for peer_id in victims:
         cluster.kill(peer_id)
     print(f"SIGKILLed {', '.join(victims) or 'no peers'} (seed {seed})")
-    get_s = asyncio.run(fetch())
+    get_s, lost = asyncio.run(fetch())
+    replication = cluster.cluster.replication
+    for gone, count in sorted(lost.items()):
+        print(f"  {count:4d} chunks had {gone} of {replication} replicas on killed peers")
     identical = _digest(source) == _digest(restored)
     print(
         f"read back {restored.stat().st_size / 2**20:.0f} MiB in {get_s:.2f} s "
