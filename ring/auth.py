@@ -11,7 +11,10 @@ The canonical request is ``METHOD\\nPATH?QUERY\\nTIMESTAMP\\nNONCE\\nBODY_SHA256
 with a key derived from the secret (``HMAC(secret, "sr3-request-signing-v1")``) so the raw
 secret never signs anything directly. A peer accepts a request only when the signature
 matches, the timestamp is within ``SKEW_S_MAX`` of its own clock, the body hash matches
-the body it received, and the nonce was not seen in that window (a bounded replay cache).
+the body it received, the target is one of its own addresses (a request captured on its
+way to one peer is refused by every other), and the nonce was not seen in that window (a
+bounded replay cache). Only ``GET /v1/ring`` also accepts the target ``*``: a client asks a
+seed for the member table before it knows the seed's advertised address.
 
 ``GET /metrics`` also accepts ``Authorization: Bearer <metrics token>``, a read-only token
 derived from the secret (``sr3 token metrics`` prints it) so that Prometheus can scrape
@@ -27,13 +30,15 @@ import hashlib
 import hmac
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "ANY_TARGET",
     "HEADER_AUTHORIZATION",
     "HEADER_CONTENT_SHA256",
     "HEADER_NONCE",
+    "HEADER_TARGET",
     "HEADER_TIMESTAMP",
     "SCHEME",
     "SECRET_CHARS_MIN",
@@ -50,7 +55,11 @@ HEADER_AUTHORIZATION = "Authorization"
 HEADER_TIMESTAMP = "X-SR3-Timestamp"
 HEADER_NONCE = "X-SR3-Nonce"
 HEADER_CONTENT_SHA256 = "X-SR3-Content-SHA256"
+HEADER_TARGET = "X-SR3-Target"
+ANY_TARGET = "*"
+TARGET_CHARS_MAX = 300
 SKEW_S_MAX = 120
+REPLAY_WINDOW_S = 2 * SKEW_S_MAX
 NONCES_MAX = 262_144
 SECRET_CHARS_MIN = 16
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -74,8 +83,10 @@ def metrics_token(secret: str) -> str:
     return hmac.new(secret.encode(), b"sr3-metrics-v1", hashlib.sha256).hexdigest()
 
 
-def _canonical(method: str, path_qs: str, timestamp: str, nonce: str, body_sha256: str) -> bytes:
-    return "\n".join((method.upper(), path_qs, timestamp, nonce, body_sha256)).encode()
+def _canonical(
+    method: str, target: str, path_qs: str, timestamp: str, nonce: str, body_sha256: str
+) -> bytes:
+    return "\n".join((method.upper(), target, path_qs, timestamp, nonce, body_sha256)).encode()
 
 
 def body_digest(body: bytes | memoryview | None) -> str:
@@ -92,15 +103,24 @@ class Signer:
         self._clock = clock
 
     def headers(
-        self, method: str, path_qs: str, body: bytes | memoryview | None = None
+        self,
+        method: str,
+        path_qs: str,
+        body: bytes | memoryview | None = None,
+        *,
+        target: str = ANY_TARGET,
     ) -> dict[str, str]:
+        """Signing headers for a request to the peer at ``target`` (its host:port)."""
         timestamp = str(int(self._clock()))
         nonce = secrets.token_hex(16)
         digest = body_digest(body)
         signature = hmac.new(
-            self._key, _canonical(method, path_qs, timestamp, nonce, digest), hashlib.sha256
+            self._key,
+            _canonical(method, target, path_qs, timestamp, nonce, digest),
+            hashlib.sha256,
         ).hexdigest()
         return {
+            HEADER_TARGET: target,
             HEADER_TIMESTAMP: timestamp,
             HEADER_NONCE: nonce,
             HEADER_CONTENT_SHA256: digest,
@@ -109,10 +129,14 @@ class Signer:
 
 
 class ReplayCache:
-    """Nonces seen within the skew window, bounded to ``capacity`` entries.
+    """Nonces seen within the replay window, bounded to ``capacity`` entries.
+
+    A request is accepted while its timestamp is within ``SKEW_S_MAX`` of the peer's
+    clock, so one first seen at ``now`` (timestamp up to ``now + SKEW_S_MAX``) stays
+    acceptable until ``now + 2 * SKEW_S_MAX``: its nonce is kept that long.
 
     When full, the oldest nonce is forgotten first; under request rates above
-    capacity / window the replay protection covers a shorter window than ``SKEW_S_MAX``.
+    capacity / window the replay protection covers a shorter window than that.
     """
 
     def __init__(self, capacity: int = NONCES_MAX) -> None:
@@ -123,7 +147,7 @@ class ReplayCache:
         """Record ``nonce``; False if it was already seen within the window."""
         while self._seen:
             oldest_nonce, seen_at = next(iter(self._seen.items()))
-            if seen_at >= now - SKEW_S_MAX and len(self._seen) < self._capacity:
+            if seen_at >= now - REPLAY_WINDOW_S and len(self._seen) < self._capacity:
                 break
             del self._seen[oldest_nonce]
         if nonce in self._seen:
@@ -134,6 +158,7 @@ class ReplayCache:
 
 @dataclass(frozen=True, slots=True)
 class _Parsed:
+    target: str
     timestamp: int
     nonce: str
     body_sha256: str
@@ -148,9 +173,16 @@ def _parse(headers: Mapping[str, str]) -> _Parsed:
     nonce = headers.get(HEADER_NONCE, "")
     digest = headers.get(HEADER_CONTENT_SHA256, "")
     timestamp = headers.get(HEADER_TIMESTAMP, "")
-    if len(nonce) != 32 or len(digest) != 64 or not timestamp.isdigit() or len(timestamp) > 12:
+    target = headers.get(HEADER_TARGET, "")
+    if (
+        len(nonce) != 32
+        or len(digest) != 64
+        or not timestamp.isdigit()
+        or len(timestamp) > 12
+        or not 0 < len(target) <= TARGET_CHARS_MAX
+    ):
         raise AuthFailure("missing or malformed signing headers")
-    return _Parsed(int(timestamp), nonce, digest, signature)
+    return _Parsed(target, int(timestamp), nonce, digest, signature)
 
 
 class Verifier:
@@ -162,20 +194,35 @@ class Verifier:
         self._clock = clock
         self._replays = ReplayCache()
 
-    def verify_headers(self, method: str, path_qs: str, headers: Mapping[str, str]) -> str:
-        """Check signature, freshness and replay from the headers alone, before any body
-        is read; return the signed body digest for ``verify_body``."""
+    def verify_headers(
+        self,
+        method: str,
+        path_qs: str,
+        headers: Mapping[str, str],
+        targets: Collection[str] = (ANY_TARGET,),
+    ) -> str:
+        """Check signature, target, freshness and replay from the headers alone, before
+        any body is read; return the signed body digest for ``verify_body``.
+
+        ``targets`` are the addresses (and ``*`` where allowed) this peer answers to.
+        """
         parsed = _parse(headers)
         now = self._clock()
         if abs(now - parsed.timestamp) > SKEW_S_MAX:
             raise AuthFailure("request timestamp outside the allowed clock skew")
-        expected = hmac.new(
-            self._key,
-            _canonical(method, path_qs, str(parsed.timestamp), parsed.nonce, parsed.body_sha256),
-            hashlib.sha256,
-        ).hexdigest()
+        canonical = _canonical(
+            method,
+            parsed.target,
+            path_qs,
+            str(parsed.timestamp),
+            parsed.nonce,
+            parsed.body_sha256,
+        )
+        expected = hmac.new(self._key, canonical, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, parsed.signature):
             raise AuthFailure("bad signature")
+        if parsed.target not in targets:
+            raise AuthFailure(f"request was signed for another peer ({parsed.target[:80]})")
         if not self._replays.check_and_add(parsed.nonce, now):
             raise AuthFailure("replayed request")
         return parsed.body_sha256
@@ -186,10 +233,15 @@ class Verifier:
             raise AuthFailure("body does not match its signed digest")
 
     def verify(
-        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+        self,
+        method: str,
+        path_qs: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        targets: Collection[str] = (ANY_TARGET,),
     ) -> None:
         """Raise ``AuthFailure`` unless the request is correctly signed and fresh."""
-        self.verify_body(self.verify_headers(method, path_qs, headers), body)
+        self.verify_body(self.verify_headers(method, path_qs, headers, targets), body)
 
     def verify_metrics_bearer(self, headers: Mapping[str, str]) -> bool:
         scheme, _, token = headers.get(HEADER_AUTHORIZATION, "").partition(" ")

@@ -99,7 +99,13 @@ class ChunkStore:
                     size = entry.stat().st_size
                     self._index[entry.name] = size
                     self._stored_bytes += size
-        self._quarantined = sum(1 for _ in self._quarantine_dir.iterdir())
+        # The folder is shared with the record store; count only quarantined chunks,
+        # which are named "<chunk id>.<suffix>" (records: "<digest>.rec.<suffix>").
+        self._quarantined = sum(
+            1
+            for entry in self._quarantine_dir.iterdir()
+            if (parts := entry.name.split(".")) and len(parts) == 2 and codec.is_chunk_id(parts[0])
+        )
 
     def _path(self, chunk_id: str) -> Path:
         return self._chunks_dir / chunk_id[:2] / chunk_id

@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ring.auth import AuthFailure, Verifier
+from ring.auth import ANY_TARGET, AuthFailure, Verifier
 from ring.chunkstore import IO_CONCURRENCY_DEFAULT, ChunkStore
 from ring.metrics import PeerMetrics
 from ring.placement import VNODES_DEFAULT, Member
@@ -121,6 +121,8 @@ class Peer:
         )
         self.records = RecordStore(config.data_dir)
         self.verifier = Verifier(config.secret, clock)
+        # The addresses a correctly targeted request may name.
+        self.addresses = frozenset({config.address, f"{config.host}:{config.port}"})
         self.metrics = PeerMetrics()
         self.chunks.on_corrupt = lambda _chunk_id, _reason: self.metrics.chunks_corrupt.inc()
         self.metrics.gauge(
@@ -165,7 +167,12 @@ class Peer:
             return
         # The signature is checked before the body is read: a stranger cannot make the
         # peer buffer a body.
-        digest = self.verifier.verify_headers(request.method, request.raw_path, request.headers)
+        targets = self.addresses
+        if request.method == "GET" and request.path == "/v1/ring":
+            targets = self.addresses | {ANY_TARGET}
+        digest = self.verifier.verify_headers(
+            request.method, request.raw_path, request.headers, targets
+        )
         body = await request.read() if request.body_exists else None
         self.verifier.verify_body(digest, body)
 

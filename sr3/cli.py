@@ -39,6 +39,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from ring.auth import SECRET_CHARS_MIN, metrics_token
 from ring.placement import VNODES_DEFAULT, Member
@@ -62,7 +63,8 @@ def _fail_cleanly(function: F) -> F:
         try:
             return function(*args, **kwargs)
         except SR3Error as exc:
-            stderr.print(f"[red]error:[/red] {exc}", highlight=False)
+            # One line whatever the terminal width, and the message is not rich markup.
+            stderr.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]

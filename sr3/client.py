@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import xxhash
 
+from ring.auth import SECRET_CHARS_MIN
 from ring.placement import Member, Ring
 from sr3 import codec
 from sr3.blobs import (
@@ -165,6 +166,8 @@ class Client:
         self.seeds = parse_seeds(ring)
         if not secret:
             raise ConfigError("no cluster secret given")
+        if len(secret) < SECRET_CHARS_MIN:
+            raise ConfigError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
         self.options = options
         self._clock = clock
         self._transport = Transport(secret, timeouts=options.timeouts)
@@ -194,8 +197,8 @@ class Client:
         causes: list[str] = []
         for seed in self.seeds:
             try:
-                answer = (await self._transport.request(seed, "GET", "/v1/ring")).json()
-                self._view = self._parse_ring(answer)
+                answer = await self._transport.request(seed, "GET", "/v1/ring", any_target=True)
+                self._view = self._parse_ring(answer.json())
                 return self._view
             except PeerError as exc:
                 causes.append(str(exc))

@@ -140,7 +140,9 @@ def parse_header(stored: bytes | memoryview) -> StoredHeader:
     if codec not in (CODEC_RAW, CODEC_ZSTD):
         raise ChunkCorrupt(f"stored chunk has unknown codec {codec}")
     if raw_bytes > CHUNK_BYTES_MAX:
-        raise ChunkTooLarge(f"stored chunk claims {raw_bytes} raw bytes, above the limit")
+        # No stored chunk can be that large: the header is damaged (or forged). Corrupt,
+        # so that peers quarantine the file and readers fall back to another replica.
+        raise ChunkCorrupt(f"stored chunk claims {raw_bytes} raw bytes, above the limit")
     if codec == CODEC_RAW and payload_bytes != raw_bytes:
         raise ChunkCorrupt("raw chunk payload length differs from its raw length")
     return StoredHeader(codec, raw_bytes, payload_bytes, checksum, digest.hex())
@@ -159,7 +161,18 @@ def verify_stored(stored: bytes | memoryview, expected_id: str | None = None) ->
         )
     if xxhash.xxh3_64_intdigest(payload) != header.payload_checksum:
         raise ChunkCorrupt(f"chunk {header.chunk_id}: payload checksum mismatch")
+    # The payload checksum does not cover the header's raw length; for zstd the frame
+    # header records the content size, which must agree (a raw chunk's was checked above).
+    if header.codec == CODEC_ZSTD and _frame_content_size(payload) != header.raw_bytes:
+        raise ChunkCorrupt(f"chunk {header.chunk_id}: raw length disagrees with its payload")
     return header
+
+
+def _frame_content_size(payload: memoryview) -> int:
+    try:
+        return int(zstandard.frame_content_size(payload))
+    except zstandard.ZstdError:
+        return -1
 
 
 def decode(stored: bytes | memoryview, expected_id: str | None = None) -> bytes:

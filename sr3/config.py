@@ -95,6 +95,8 @@ class ClusterFile:
     def read(cls, path: Path) -> ClusterFile:
         try:
             data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path}: not a valid cluster file: not a JSON object")
             if data.get("format") != CLUSTER_FILE_FORMAT:
                 raise ConfigError(f"{path}: unsupported cluster file format {data.get('format')}")
             peers = tuple(ClusterPeer(**peer) for peer in data.pop("peers"))

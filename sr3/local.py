@@ -167,6 +167,7 @@ class LocalCluster:
         for peer in targets:
             if peer.pid is not None and _is_peer_process(peer.pid):
                 continue
+            self._reap(peer.peer_id, STOP_TIMEOUT_S)  # a peer that exited by itself
             Path(peer.data_dir).mkdir(parents=True, exist_ok=True)
             log_path = Path(peer.log_file or Path(peer.data_dir) / "peer.log")
             with open(log_path, "ab") as log_handle:
@@ -227,6 +228,7 @@ class LocalCluster:
         """SIGTERM one peer, SIGKILL it if it has not exited after ``timeout_s``."""
         peer = self.peer(peer_id)
         if peer.pid is None or not _is_peer_process(peer.pid):
+            self._reap(peer_id, timeout_s)  # it exited by itself: collect its exit status
             self._set_pid(peer_id, None)
             return
         os.kill(peer.pid, signal.SIGTERM)

@@ -7,6 +7,7 @@ reached raises ``PeerUnavailable``, an error answer ``PeerRejected`` (or ``AuthE
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from ring.auth import Signer
+from ring.auth import ANY_TARGET, Signer
 from sr3.errors import AuthError, PeerRejected, PeerUnavailable, ProtocolError
 
 __all__ = ["Response", "Timeouts", "Transport"]
@@ -24,6 +25,8 @@ __all__ = ["Response", "Timeouts", "Transport"]
 CONNECTIONS_MAX = 64
 CONNECTIONS_PER_PEER_MAX = 8
 JSON_BYTES_MAX = 16 * 1024 * 1024
+# Bodies above aiohttp's TOO_LARGE_BYTES_BODY (1 MiB) are streamed from a BytesIO.
+STREAM_BODY_BYTES_MIN = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +94,21 @@ class Transport:
         body: bytes | None = None,
         body_bytes_max: int = JSON_BYTES_MAX,
         ok: tuple[int, ...] = (200, 201),
+        any_target: bool = False,
     ) -> Response:
-        """Send one signed request; raise unless the status is in ``ok``."""
-        headers = self._signer.headers(method, path_qs, body)
+        """Send one signed request; raise unless the status is in ``ok``.
+
+        The signature names ``address`` as its target, or ``*`` with ``any_target`` (only
+        peers' ``GET /v1/ring`` accepts that: a seed's advertised address is not yet known).
+        """
+        target = ANY_TARGET if any_target else address
+        headers = self._signer.headers(method, path_qs, body, target=target)
         url = URL(f"http://{address}{path_qs}", encoded=True)
+        # aiohttp sends a large bytes body in one write and warns (ResourceWarning) that
+        # it may stall the loop; a BytesIO body is streamed in pieces instead.
+        data = io.BytesIO(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
         try:
-            async with self._open().request(method, url, data=body, headers=headers) as answer:
+            async with self._open().request(method, url, data=data, headers=headers) as answer:
                 payload = await _read_bounded(answer, body_bytes_max, address)
                 response = Response(answer.status, answer.headers, payload)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

@@ -1,0 +1,252 @@
+"""Unit tests for ring.chunkstore on real files (no peer process).
+
+What must hold: a stored chunk reads back verified and survives a restart (re-indexed
+from disk); a chunk is verified before it is written; a full disk or an exhausted quota
+is a clear ``StorageFull`` and leaves nothing indexed or half-written; leftovers of
+interrupted writes are removed on open; a file altered on disk is detected on read,
+moved to ``quarantine``, counted and never returned.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from pathlib import Path
+
+import pytest
+
+from ring.chunkstore import ChunkStore, write_file_atomic
+from ring.records import RecordStore
+from sr3 import codec
+from sr3.errors import ChunkCorrupt, ChunkError, StorageFull
+from sr3.statedata import state_bytes
+
+# State-like bytes, generated once (the generator builds an 8 MiB pool per seed).
+STATE = state_bytes(256 * 1024, seed=30)
+
+
+def _chunk(seed: int, size: int = 64 * 1024) -> tuple[str, bytes]:
+    """A distinct compressible chunk per seed."""
+    assert size <= len(STATE)
+    start = (seed * 4099) % (len(STATE) - size + 1)
+    return codec.encode(seed.to_bytes(8, "little") + STATE[start : start + size - 8])
+
+
+def _open(root: Path, **options: object) -> ChunkStore:
+    store = ChunkStore(root, **options)  # type: ignore[arg-type]
+    store.open()
+    return store
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.rglob("*") if path.is_file())
+
+
+async def test_put_get_round_trip_and_stats(tmp_path: Path) -> None:
+    store = _open(tmp_path)
+    chunk_id, stored = _chunk(1)
+    assert await store.put(chunk_id, stored) is True
+    assert await store.put(chunk_id, stored) is False  # content addressed: already there
+    assert store.has(chunk_id)
+    assert store.stored_size(chunk_id) == len(stored)
+    assert await store.get(chunk_id) == stored
+    assert (tmp_path / "chunks" / chunk_id[:2] / chunk_id).read_bytes() == stored
+    stats = store.stats()
+    assert (stats.chunk_count, stats.stored_bytes, stats.quarantined) == (1, len(stored), 0)
+    assert await store.get(codec.chunk_id(b"absent")) is None
+    assert _files(tmp_path / "tmp") == []
+
+
+async def test_chunk_is_verified_before_it_is_written(tmp_path: Path) -> None:
+    """Breaks: a PUT whose body does not match its id, or is not a stored chunk at all.
+    Must hold: ChunkCorrupt, and nothing is indexed or left on disk."""
+    store = _open(tmp_path)
+    chunk_id, stored = _chunk(2)
+    other_id, _other = _chunk(3)
+    with pytest.raises(ChunkCorrupt):
+        await store.put(other_id, stored)
+    with pytest.raises(ChunkCorrupt):
+        await store.put(chunk_id, b"not a chunk")
+    with pytest.raises(ChunkCorrupt):
+        await store.put(chunk_id, stored[:-1] + bytes([stored[-1] ^ 1]))
+    assert store.stats().chunk_count == 0
+    assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+async def test_disk_full_is_storage_full_and_nothing_is_indexed(tmp_path: Path, code: int) -> None:
+    """Breaks: the disk fills up during the write. Must hold: StorageFull (a clear error
+    the peer answers 507 with), nothing indexed, no file left; the store works again once
+    there is room."""
+    failing = True
+
+    def write_file(tmp_dir: Path, final: Path, data: bytes) -> None:
+        if failing:
+            # A real partial write first, as a filling disk would leave it.
+            (tmp_dir / f"{final.name}.partial").write_bytes(data[: len(data) // 2])
+            (tmp_dir / f"{final.name}.partial").unlink()
+            raise OSError(code, "No space left on device")
+        write_file_atomic(tmp_dir, final, data)
+
+    store = _open(tmp_path, write_file=write_file)
+    chunk_id, stored = _chunk(4)
+    with pytest.raises(StorageFull, match="disk full"):
+        await store.put(chunk_id, stored)
+    assert not store.has(chunk_id)
+    assert store.stats().chunk_count == 0
+    assert store.stats().stored_bytes == 0
+    assert await store.get(chunk_id) is None
+    assert _files(tmp_path) == []
+    failing = False
+    assert await store.put(chunk_id, stored) is True
+    assert await store.get(chunk_id) == stored
+
+
+async def test_other_os_errors_are_not_reported_as_storage_full(tmp_path: Path) -> None:
+    def write_file(tmp_dir: Path, final: Path, data: bytes) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    store = _open(tmp_path, write_file=write_file)
+    chunk_id, stored = _chunk(5)
+    with pytest.raises(OSError, match="I/O error") as caught:
+        await store.put(chunk_id, stored)
+    assert not isinstance(caught.value, StorageFull)
+    assert not store.has(chunk_id)
+
+
+async def test_capacity_quota_is_storage_full(tmp_path: Path) -> None:
+    """Breaks: a peer configured with ``capacity_bytes`` fills its quota. Must hold:
+    StorageFull for the chunk that does not fit, nothing of it written or indexed; chunks
+    already stored stay readable."""
+    first_id, first = _chunk(6)
+    second_id, second = _chunk(7)
+    store = _open(tmp_path, capacity_bytes=len(first) + len(second) - 1)
+    assert await store.put(first_id, first)
+    with pytest.raises(StorageFull, match="capacity"):
+        await store.put(second_id, second)
+    assert not store.has(second_id)
+    assert store.stats().stored_bytes == len(first)
+    assert store.stats().capacity_bytes == len(first) + len(second) - 1
+    assert not (tmp_path / "chunks" / second_id[:2] / second_id).exists()
+    assert await store.get(first_id) == first
+
+
+async def test_open_removes_leftover_tmp_files(tmp_path: Path) -> None:
+    """Breaks: a crash between writing a temp file and renaming it. Must hold: the next
+    open deletes the leftovers and indexes only complete chunks."""
+    store = _open(tmp_path)
+    chunk_id, stored = _chunk(8)
+    await store.put(chunk_id, stored)
+    leftover = tmp_path / "tmp" / f"{chunk_id}.abc123"
+    leftover.write_bytes(stored[:100])
+    (tmp_path / "tmp" / "other.partial").write_bytes(b"x")
+    reopened = _open(tmp_path)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert reopened.ids() == [chunk_id]
+
+
+async def test_restart_re_indexes_everything(tmp_path: Path) -> None:
+    store = _open(tmp_path)
+    chunks = dict(_chunk(seed, 4096 * seed) for seed in range(10, 40))
+    for chunk_id, stored in chunks.items():
+        await store.put(chunk_id, stored)
+    reopened = _open(tmp_path)
+    assert sorted(reopened.ids()) == sorted(chunks)
+    assert reopened.stats() == store.stats()
+    for chunk_id, stored in chunks.items():
+        assert await reopened.get(chunk_id) == stored
+        assert await reopened.verify(chunk_id)
+
+
+async def test_every_stored_byte_flip_is_quarantined(tmp_path: Path) -> None:
+    """Breaks: one byte of a chunk file on disk, at every header offset and at sampled
+    payload offsets. Must hold: ``get`` raises ChunkCorrupt (never returns the bytes),
+    the file moves to ``quarantine``, the count and ``on_corrupt`` report it."""
+    rng = random.Random(31)
+    chunk_id, stored = _chunk(31)
+    assert codec.parse_header(stored).codec == codec.CODEC_ZSTD
+    positions = list(range(codec.HEADER_BYTES)) + rng.sample(
+        range(codec.HEADER_BYTES, len(stored)), 16
+    )
+    missed = []
+    for position in positions:
+        root = tmp_path / f"flip-{position}"
+        store = _open(root)
+        reported: list[str] = []
+        store.on_corrupt = lambda corrupt_id, _reason, seen=reported: seen.append(corrupt_id)
+        await store.put(chunk_id, stored)
+        path = root / "chunks" / chunk_id[:2] / chunk_id
+        damaged = bytearray(stored)
+        damaged[position] ^= 0x01
+        path.write_bytes(bytes(damaged))
+        try:
+            served = await store.get(chunk_id)
+        except ChunkCorrupt:
+            served = None
+        except ChunkError:  # any other error: the file was neither served nor quarantined
+            missed.append(position)
+            continue
+        if served is not None or reported != [chunk_id]:
+            missed.append(position)
+            continue
+        assert not path.exists()
+        assert len(list((root / "quarantine").iterdir())) == 1
+        assert store.stats().quarantined == 1
+        assert not store.has(chunk_id)
+        assert await store.get(chunk_id) is None
+    assert missed == [], f"flips at these offsets were served or not quarantined: {missed}"
+
+
+async def test_truncated_and_deleted_files(tmp_path: Path) -> None:
+    store = _open(tmp_path)
+    truncated_id, truncated = _chunk(40)
+    deleted_id, deleted = _chunk(41)
+    await store.put(truncated_id, truncated)
+    await store.put(deleted_id, deleted)
+    (tmp_path / "chunks" / truncated_id[:2] / truncated_id).write_bytes(b"")
+    (tmp_path / "chunks" / deleted_id[:2] / deleted_id).unlink()
+    with pytest.raises(ChunkCorrupt):
+        await store.get(truncated_id)
+    assert await store.get(deleted_id) is None
+    assert store.stats().chunk_count == 0
+    assert store.stats().stored_bytes == 0
+
+
+async def test_full_verify_quarantines_content_that_only_decompression_catches(
+    tmp_path: Path,
+) -> None:
+    """A payload whose checksum was recomputed after tampering passes the cheap read
+    check; ``verify`` (decompress and re-hash) must still catch and quarantine it."""
+    store = _open(tmp_path)
+    chunk_id, stored = codec.encode(random.Random(42).randbytes(4096))
+    await store.put(chunk_id, stored)
+    _forged_id, forged = codec.encode(random.Random(43).randbytes(4096))
+    header = bytearray(forged[: codec.HEADER_BYTES])
+    header[32:48] = bytes.fromhex(chunk_id)  # claims to be chunk_id
+    (tmp_path / "chunks" / chunk_id[:2] / chunk_id).write_bytes(
+        bytes(header) + forged[codec.HEADER_BYTES :]
+    )
+    with pytest.raises(ChunkCorrupt):
+        await store.verify(chunk_id)
+    assert store.stats().quarantined == 1
+    assert not store.has(chunk_id)
+
+
+async def test_quarantined_count_survives_restart_and_counts_chunks_only(tmp_path: Path) -> None:
+    """Breaks: one chunk file and one record file on disk, then the peer restarts. Must
+    hold: ``quarantined`` (a chunk figure) is 1 before and after the restart; the record
+    quarantined into the shared folder does not count as a chunk."""
+    store = _open(tmp_path)
+    records = RecordStore(tmp_path)
+    records.open()
+    await records.put("manifest/a", b"value", expected_version=0)
+    chunk_id, stored = _chunk(50)
+    await store.put(chunk_id, stored)
+    (tmp_path / "chunks" / chunk_id[:2] / chunk_id).write_bytes(b"garbage")
+    with pytest.raises(ChunkCorrupt):
+        await store.get(chunk_id)
+    assert store.stats().quarantined == 1
+    for record_file in (tmp_path / "records").iterdir():
+        record_file.write_bytes(b"garbage")
+    RecordStore(tmp_path).open()  # quarantines the record file
+    assert _open(tmp_path).stats().quarantined == 1

@@ -1,0 +1,172 @@
+"""How the client fails: clearly, naming what is missing, never with partial data.
+
+Real peers on the shared ring; which peers hold a chunk is read from their data folders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from pathlib import Path
+
+import pytest
+from support import chunk_holders
+
+from sr3.blobs import BlobRef
+from sr3.client import Client, ClientOptions
+from sr3.errors import DataUnavailable, NotFound, QuorumError
+from sr3.local import LocalCluster
+from sr3.sync import SyncClient
+
+SMALL_CHUNKS = ClientOptions(chunk_bytes=64 * 1024, pack_below_bytes=16 * 1024)
+
+
+async def _kill(cluster: LocalCluster, peer_ids: list[str]) -> None:
+    for peer_id in peer_ids:
+        await asyncio.to_thread(cluster.kill, peer_id)
+
+
+async def test_read_with_every_replica_gone_raises_data_unavailable_naming_chunks(
+    ring: LocalCluster, rng: random.Random, tmp_path: Path
+) -> None:
+    """Breaks: a blob written with R=1, then the single holder of some of its chunks is
+    SIGKILLed. Must hold: reading raises DataUnavailable whose ``missing`` lists exactly
+    the chunks on the dead peer (and the message names them); ``get_file`` leaves no
+    file, partial or whole; chunks on live peers still read."""
+    data = rng.randbytes(6 * 64 * 1024 + 123)
+    options = ClientOptions(replication=1, write_quorum=1, chunk_bytes=64 * 1024)
+    async with Client(ring.ring, ring.secret, options=options) as client:
+        ref = await client.put_blob(data)
+    chunk_ids = [extent.chunk_id for extent in ref.extents]
+    holder_of = {}
+    for chunk_id in chunk_ids:
+        holders = chunk_holders(ring, chunk_id)
+        assert len(holders) == 1, (chunk_id, holders)
+        holder_of[chunk_id] = holders[0]
+    victim = rng.choice(sorted(set(holder_of.values())))
+    lost = [chunk_id for chunk_id in chunk_ids if holder_of[chunk_id] == victim]
+    await _kill(ring, [victim])
+
+    output = tmp_path / "restored.bin"
+    async with Client(ring.ring, ring.secret) as client:
+        with pytest.raises(DataUnavailable) as unavailable:
+            await client.get_blob(ref)
+        assert unavailable.value.missing == list(dict.fromkeys(lost))
+        assert lost[0] in str(unavailable.value)
+        with pytest.raises(DataUnavailable):
+            await client.get_file(ref, output)
+        assert await asyncio.to_thread(lambda: list(tmp_path.iterdir())) == []
+        for extent in ref.extents:
+            if holder_of[extent.chunk_id] != victim:
+                raw = await client.fetch_chunk(extent.chunk_id)
+                assert raw[extent.offset : extent.offset + extent.length]
+
+
+async def test_read_with_all_three_replicas_killed_raises_data_unavailable(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: all R=3 holders of a chunk are SIGKILLed (beyond what R tolerates). Must
+    hold: DataUnavailable naming that chunk, not a hang, not wrong bytes."""
+    data = rng.randbytes(50_000)
+    async with Client(ring.ring, ring.secret) as client:
+        ref = await client.put_blob(data)
+    (chunk_id,) = {extent.chunk_id for extent in ref.extents}
+    holders = chunk_holders(ring, chunk_id)
+    assert len(holders) == 3
+    await _kill(ring, holders)
+    async with Client(ring.ring, ring.secret) as client:
+        with pytest.raises(DataUnavailable) as unavailable:
+            await client.get_blob(ref)
+    assert unavailable.value.missing == [chunk_id]
+
+
+async def test_write_without_a_write_quorum_raises_quorum_error(
+    ring: LocalCluster, rng: random.Random, tmp_path: Path
+) -> None:
+    """Breaks: 4 of 5 peers are SIGKILLed, so only 1 peer is reachable (W=2). Must hold:
+    chunk and record writes raise QuorumError (1 of 2 acknowledged); a file whose chunks
+    failed is not named by any record once the ring is back (invariant 1)."""
+    source = tmp_path / "state.bin"
+    await asyncio.to_thread(source.write_bytes, rng.randbytes(20_000))
+    key = f"quorum/{rng.randrange(10**9)}"
+    survivor = rng.choice([peer.peer_id for peer in ring.cluster.peers])
+    await _kill(ring, [p.peer_id for p in ring.cluster.peers if p.peer_id != survivor])
+    async with Client(ring.ring, ring.secret) as client:
+        with pytest.raises(QuorumError) as blob_error:
+            await client.put_blob(rng.randbytes(10_000))
+        assert (blob_error.value.acks, blob_error.value.needed) == (1, 2)
+        with pytest.raises(QuorumError):
+            await client.put_record(f"manifest/q-{rng.randrange(10**9)}", b"v", expected_version=0)
+        with pytest.raises(QuorumError):
+            await client.store_file(source, key)
+    await asyncio.to_thread(ring.start)
+    async with Client(ring.ring, ring.secret) as client:
+        with pytest.raises(NotFound):
+            await client.lookup_file(key)
+
+
+async def test_write_quorum_counts_reachable_peers(ring: LocalCluster, rng: random.Random) -> None:
+    """Breaks: 3 of 5 peers are SIGKILLed. Must hold: with W=3 a write raises
+    QuorumError (2 reachable); with W=2 the write succeeds on the 2 live peers and reads
+    back."""
+    await _kill(ring, rng.sample([peer.peer_id for peer in ring.cluster.peers], 3))
+    data = rng.randbytes(10_000)
+    strict = ClientOptions(write_quorum=3)
+    async with Client(ring.ring, ring.secret, options=strict) as client:
+        with pytest.raises(QuorumError):
+            await client.put_blob(data)
+    async with Client(ring.ring, ring.secret) as client:
+        ref = await client.put_blob(data)
+        assert await client.get_blob(ref) == data
+
+
+def test_sync_client_from_a_plain_thread(ring: LocalCluster, rng: random.Random) -> None:
+    """The blocking facade works from a thread that has no event loop."""
+    data = rng.randbytes(300_000)
+    key = f"sync/{rng.randrange(10**9)}"
+    results: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            with SyncClient(ring.ring, ring.secret, options=SMALL_CHUNKS) as client:
+                ref = client.put_blob(data)
+                results["ref"] = ref
+                results["data"] = client.get_blob(ref)
+                results["version"] = client.put_record(key, b"v1", expected_version=0)
+                results["record"] = client.get_record(key)
+                results["status"] = client.status()
+                try:
+                    client.lookup_file(f"missing-{key}")
+                except NotFound as exc:
+                    results["not_found"] = exc
+        except BaseException as exc:
+            results["error"] = exc
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert "error" not in results, results.get("error")
+    assert isinstance(results["ref"], BlobRef)
+    assert results["data"] == data
+    assert results["version"] == 1
+    record = results["record"]
+    assert record is not None and getattr(record, "value", None) == b"v1"
+    assert len(getattr(results["status"], "peers", ())) == 5
+    assert isinstance(results["not_found"], NotFound)
+
+
+async def test_sync_client_inside_a_running_event_loop(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """The facade is also safe on a thread that runs an event loop of its own."""
+    data = rng.randbytes(70_000)
+    client = SyncClient(ring.ring, ring.secret)
+    try:
+        assert client.get_blob(client.put_blob(data)) == data
+    finally:
+        client.close()
+    client.close()  # closing twice is harmless
+    with pytest.raises(RuntimeError, match="closed"):
+        client.put_blob(b"after close")
