@@ -1,0 +1,185 @@
+"""The member table: who is in the ring, and who is alive, as this peer sees it.
+
+Pure state, no I/O: gossip (``ring.gossip``) feeds it entries from other peers and the
+clock decides liveness. Each entry is owned by its peer, which alone changes its status
+and bumps its heartbeat; an entry replaces another only if its ``(epoch, heartbeat)`` is
+newer. ``epoch`` grows on every start of a peer, so a restarted peer's entries win over
+whatever the ring remembers of its previous life.
+
+Liveness is judged locally with a suspicion timeout (documented in the README):
+
+* ``up``       the peer's heartbeat advanced within ``failure_timeout_s``;
+* ``down``     it did not (or the peer announced ``stopped``): reads and writes go
+               around it, writes leave hints, but it keeps its place in placement;
+* ``removed``  it stayed silent for ``removal_grace_s``: it leaves placement and the
+               ring re-replicates what it held;
+* ``left``     it announced ``leaving``/``left`` (``sr3 peer leave``): out of placement at
+               once.
+
+A peer whose heartbeat advances again is ``up`` again, whatever it was before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from ring.placement import Member
+from sr3.errors import ProtocolError
+
+__all__ = [
+    "MEMBERS_MAX",
+    "STATUSES",
+    "Entry",
+    "MemberTable",
+    "Timeouts",
+]
+
+MEMBERS_MAX = 1024
+STATUSES = ("up", "stopped", "leaving", "left")
+_ID_CHARS_MAX = 128
+_ADDRESS_CHARS_MAX = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One peer's self-description, as it gossips it."""
+
+    peer_id: str
+    address: str
+    zone: str
+    status: str
+    epoch: int
+    heartbeat: int
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.epoch, self.heartbeat)
+
+    @property
+    def member(self) -> Member:
+        return Member(self.peer_id, self.address, self.zone)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Entry:
+        try:
+            entry = cls(
+                peer_id=str(data["peer_id"]),
+                address=str(data["address"]),
+                zone=str(data.get("zone", "")),
+                status=str(data["status"]),
+                epoch=int(data["epoch"]),
+                heartbeat=int(data["heartbeat"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed member entry: {exc!r}") from exc
+        if (
+            entry.status not in STATUSES
+            or not 0 < len(entry.peer_id) <= _ID_CHARS_MAX
+            or not 0 < len(entry.address) <= _ADDRESS_CHARS_MAX
+            or len(entry.zone) > _ID_CHARS_MAX
+            or entry.epoch < 0
+            or entry.heartbeat < 0
+        ):
+            raise ProtocolError(f"invalid member entry for {entry.peer_id[:40]!r}")
+        return entry
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    failure_timeout_s: float = 5.0
+    removal_grace_s: float = 60.0
+
+
+class MemberTable:
+    """Entries by peer id, with the local time each one last advanced."""
+
+    def __init__(
+        self, me: Entry, clock: Callable[[], float], timeouts: Timeouts = Timeouts()
+    ) -> None:
+        if timeouts.removal_grace_s < timeouts.failure_timeout_s:
+            raise ValueError("the removal grace period cannot be shorter than the failure timeout")
+        self._clock = clock
+        self.timeouts = timeouts
+        self.me = me.peer_id
+        self._entries: dict[str, Entry] = {me.peer_id: me}
+        self._advanced_at: dict[str, float] = {me.peer_id: clock()}
+
+    # -- own entry ----------------------------------------------------------------------
+
+    @property
+    def own(self) -> Entry:
+        return self._entries[self.me]
+
+    def beat(self) -> Entry:
+        """Advance this peer's heartbeat (once per gossip round)."""
+        own = self.own
+        self._entries[self.me] = replace(own, heartbeat=own.heartbeat + 1)
+        self._advanced_at[self.me] = self._clock()
+        return self._entries[self.me]
+
+    def set_status(self, status: str) -> Entry:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        own = self.own
+        self._entries[self.me] = replace(own, status=status, heartbeat=own.heartbeat + 1)
+        return self._entries[self.me]
+
+    # -- gossip -------------------------------------------------------------------------
+
+    def merge(self, entries: Iterable[Entry]) -> list[str]:
+        """Take every entry newer than ours; return the peer ids that changed."""
+        changed = []
+        now = self._clock()
+        for entry in entries:
+            if entry.peer_id == self.me:
+                continue
+            known = self._entries.get(entry.peer_id)
+            if known is not None and known.version >= entry.version:
+                continue
+            if known is None and len(self._entries) >= MEMBERS_MAX:
+                continue
+            self._entries[entry.peer_id] = entry
+            self._advanced_at[entry.peer_id] = now
+            changed.append(entry.peer_id)
+        return changed
+
+    def entries(self) -> list[Entry]:
+        return sorted(self._entries.values(), key=lambda entry: entry.peer_id)
+
+    def entry(self, peer_id: str) -> Entry | None:
+        return self._entries.get(peer_id)
+
+    # -- liveness -----------------------------------------------------------------------
+
+    def liveness(self, peer_id: str) -> str:
+        """``up``, ``down``, ``removed`` or ``left`` (see the module docstring)."""
+        entry = self._entries[peer_id]
+        if entry.status in ("leaving", "left"):
+            return "left"
+        if peer_id == self.me:
+            return "up"
+        silent_s = self._clock() - self._advanced_at[peer_id]
+        if silent_s > self.timeouts.removal_grace_s:
+            return "removed"
+        if entry.status == "stopped" or silent_s > self.timeouts.failure_timeout_s:
+            return "down"
+        return "up"
+
+    def states(self) -> Mapping[str, str]:
+        return {peer_id: self.liveness(peer_id) for peer_id in sorted(self._entries)}
+
+    def placement(self) -> tuple[Member, ...]:
+        """Members that own data: up or down, not removed, not left."""
+        return tuple(
+            self._entries[peer_id].member
+            for peer_id, state in self.states().items()
+            if state in ("up", "down")
+        )
+
+    def live(self) -> frozenset[str]:
+        return frozenset(peer_id for peer_id, state in self.states().items() if state == "up")
