@@ -132,7 +132,8 @@ class MemberTable:
     # -- gossip -------------------------------------------------------------------------
 
     def merge(self, entries: Iterable[Entry]) -> list[str]:
-        """Take every entry newer than ours; return the peer ids that changed."""
+        """Take every entry newer than ours; return the peer ids that are new or changed
+        epoch or status (not those whose heartbeat merely advanced)."""
         changed = []
         now = self._clock()
         for entry in entries:
@@ -145,7 +146,8 @@ class MemberTable:
                 continue
             self._entries[entry.peer_id] = entry
             self._advanced_at[entry.peer_id] = now
-            changed.append(entry.peer_id)
+            if known is None or (known.epoch, known.status) != (entry.epoch, entry.status):
+                changed.append(entry.peer_id)
         return changed
 
     def entries(self) -> list[Entry]:

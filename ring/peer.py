@@ -5,14 +5,20 @@ HTTP API (all under ``/v1`` except metrics; every route but health is authentica
 
     GET    /v1/health                     liveness, unauthenticated
     GET    /v1/info                       peer id, address, zone, stored bytes, chunk count
-    GET    /v1/ring                       the member table and the cluster's R, W and vnodes
-    PUT    /v1/chunks/{id}                store a chunk (body: stored form, see sr3.codec)
+    GET    /v1/ring                       placement members with their state, R, W and vnodes
+    GET    /v1/members                    the whole member table with each peer's liveness
+    POST   /v1/gossip                     {"members": [...]} -> our table (heartbeats)
+    POST   /v1/admin/leave                start leaving the ring (hand data over, then exit)
+    PUT    /v1/chunks/{id}[?hint=PEER]    store a chunk (body: stored form, see sr3.codec);
+                                          with a hint, on behalf of an unreachable PEER
     GET    /v1/chunks/{id}                a chunk's stored form, verified before it is sent
     HEAD   /v1/chunks/{id}                200 if present, 404 if not
     POST   /v1/chunks/exists              {"ids": [...]} -> {"present": [...]}
     GET    /v1/records?prefix=P&limit=N   record keys and versions
     GET    /v1/records/{key}              value as body, version in X-SR3-Version
-    PUT    /v1/records/{key}?expected_version=N   compare-and-set, 409 on a stale version
+    POST   /v1/records/versions           {"keys": [...]} -> {"versions": {key: n}}
+    PUT    /v1/records/{key}?expected_version=N[&refs=K]  compare-and-set, 409 if stale
+    PUT    /v1/records/{key}?version=N[&refs=K]           repair copy, kept if newer
     DELETE /v1/records/{key}?expected_version=N
     GET    /metrics                       Prometheus text (signed, or the metrics bearer token)
 
@@ -25,18 +31,17 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ring.auth import ANY_TARGET, AuthFailure, Verifier
-from ring.chunkstore import IO_CONCURRENCY_DEFAULT, ChunkStore
 from ring.metrics import PeerMetrics
-from ring.placement import VNODES_DEFAULT, Member
-from ring.records import RECORD_BYTES_MAX, RecordStore, validate_key
+from ring.node import Node
+from ring.peer_config import PeerConfig
+from ring.records import RECORD_BYTES_MAX, split_envelope, validate_key
 from sr3 import codec
 from sr3.errors import (
     ChunkCorrupt,
@@ -52,6 +57,7 @@ __all__ = ["PeerConfig", "build_app"]
 log = logging.getLogger(__name__)
 
 VERSION_HEADER = "X-SR3-Version"
+REFS_HEADER = "X-SR3-Refs"
 EXISTS_IDS_MAX = 10_000
 LIST_LIMIT_MAX = 10_000
 REQUEST_BYTES_MAX = max(codec.STORED_BYTES_MAX, RECORD_BYTES_MAX + 1024)
@@ -59,29 +65,6 @@ HEADER_LINE_BYTES_MAX = 8190
 HEADERS_MAX = 64
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True)
-class PeerConfig:
-    peer_id: str
-    host: str
-    port: int
-    data_dir: Path
-    secret: str
-    members: tuple[Member, ...]
-    zone: str = ""
-    replication: int = 3
-    write_quorum: int = 2
-    vnodes: int = VNODES_DEFAULT
-    zone_aware: bool = False
-    capacity_bytes: int | None = None
-    io_concurrency: int = IO_CONCURRENCY_DEFAULT
-    # The address other peers and clients use, when it differs from host:port (containers).
-    advertise: str | None = None
-
-    @property
-    def address(self) -> str:
-        return self.advertise or f"{self.host}:{self.port}"
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -108,35 +91,64 @@ def _translate(exc: Exception) -> web.Response:
 
 
 class Peer:
-    """Request handlers over one chunk store and one record store."""
+    """The HTTP shell of one node: request handlers, authentication, metrics."""
 
-    def __init__(self, config: PeerConfig, clock: Callable[[], float]) -> None:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        config = node.config
         self.config = config
-        self.clock = clock
-        self.started_at = clock()
-        self.chunks = ChunkStore(
-            config.data_dir,
-            capacity_bytes=config.capacity_bytes,
-            io_concurrency=config.io_concurrency,
-        )
-        self.records = RecordStore(config.data_dir)
-        self.verifier = Verifier(config.secret, clock)
+        self.clock = node.clock
+        self.started_at = node.clock()
+        self.chunks = node.chunks
+        self.records = node.records
+        self.verifier = Verifier(config.secret, node.clock)
         # The addresses a correctly targeted request may name.
         self.addresses = frozenset({config.address, f"{config.host}:{config.port}"})
         self.metrics = PeerMetrics()
         self.chunks.on_corrupt = lambda _chunk_id, _reason: self.metrics.chunks_corrupt.inc()
-        self.metrics.gauge(
-            "sr3_peer_chunks", "Chunks stored.", lambda: self.chunks.stats().chunk_count
-        )
-        self.metrics.gauge(
-            "sr3_peer_stored_bytes", "Stored bytes.", lambda: self.chunks.stats().stored_bytes
-        )
-        self.metrics.gauge("sr3_peer_records", "Records stored.", self.records.count)
+        self._gauges()
 
-    def open(self) -> None:
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.chunks.open()
-        self.records.open()
+    def _gauges(self) -> None:
+        node = self.node
+        gauge = self.metrics.gauge
+        gauge("sr3_peer_chunks", "Chunks stored.", lambda: self.chunks.stats().chunk_count)
+        gauge("sr3_peer_stored_bytes", "Stored bytes.", lambda: self.chunks.stats().stored_bytes)
+        gauge("sr3_peer_records", "Records stored.", self.records.count)
+        gauge(
+            "sr3_peer_hints_pending", "Hinted chunks not yet handed back.", lambda: len(node.hints)
+        )
+        gauge("sr3_peer_members_up", "Members this peer sees up.", lambda: len(node.table.live()))
+        gauge("sr3_repair_rounds", "Repair rounds finished.", lambda: node.repairer.rounds)
+        gauge(
+            "sr3_repair_chunks_under_replicated",
+            "Chunks this peer coordinates that have fewer than R live replicas (last round).",
+            lambda: node.repairer.last.chunks_under_replicated if node.repairer.last else 0,
+        )
+        gauge(
+            "sr3_repair_chunks_lost",
+            "Referenced chunks no live peer holds (last round).",
+            lambda: node.repairer.last.chunks_lost if node.repairer.last else 0,
+        )
+        gauge(
+            "sr3_repair_bytes_pushed",
+            "Bytes copied by repair.",
+            lambda: node.repairer.totals.bytes_pushed,
+        )
+        gauge(
+            "sr3_repair_extra_copies_deleted",
+            "Extra copies collected by repair.",
+            lambda: node.repairer.totals.extra_copies_deleted,
+        )
+        gauge(
+            "sr3_scrub_bytes_verified",
+            "Bytes re-verified by the scrubber.",
+            lambda: node.scrubber.stats.bytes_verified,
+        )
+        gauge(
+            "sr3_scrub_repaired",
+            "Corrupt chunks the scrubber restored.",
+            lambda: node.scrubber.stats.repaired,
+        )
 
     # -- middleware ---------------------------------------------------------------------
 
@@ -168,7 +180,7 @@ class Peer:
         # The signature is checked before the body is read: a stranger cannot make the
         # peer buffer a body.
         targets = self.addresses
-        if request.method == "GET" and request.path == "/v1/ring":
+        if (request.method, request.path) in _ANY_TARGET_ROUTES:
             targets = self.addresses | {ANY_TARGET}
         digest = self.verifier.verify_headers(
             request.method, request.raw_path, request.headers, targets
@@ -176,34 +188,65 @@ class Peer:
         body = await request.read() if request.body_exists else None
         self.verifier.verify_body(digest, body)
 
-    # -- peer ---------------------------------------------------------------------------
+    # -- peer and membership -------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "peer_id": self.config.peer_id})
+        ready = self.node.gossiper.ready.is_set()
+        return web.json_response({"status": "ok", "peer_id": self.config.peer_id, "ready": ready})
 
     async def info(self, request: web.Request) -> web.Response:
+        node = self.node
         stats = self.chunks.stats()
+        repair = node.repairer.last
+        overlay: dict[str, Any] | None = None
+        if node.overlay is not None:
+            overlay_stats = node.overlay.stats()
+            overlay = {
+                "contacts": len(node.overlay.contacts()),
+                "handled": overlay_stats.handled,
+                "dropped": overlay_stats.dropped,
+            }
         return web.json_response(
             {
                 "peer_id": self.config.peer_id,
                 "address": self.config.address,
                 "zone": self.config.zone,
+                "epoch": node.epoch,
+                "status": node.table.own.status,
                 "uptime_s": round(self.clock() - self.started_at, 3),
                 "chunk_count": stats.chunk_count,
                 "stored_bytes": stats.stored_bytes,
                 "capacity_bytes": stats.capacity_bytes,
                 "quarantined": stats.quarantined,
                 "record_count": self.records.count(),
+                "hints_pending": len(node.hints),
+                "repair": {
+                    "rounds": node.repairer.rounds,
+                    "last": repair.to_json() if repair is not None else None,
+                    "bytes_pushed_total": node.repairer.totals.bytes_pushed,
+                    "extra_copies_deleted_total": node.repairer.totals.extra_copies_deleted,
+                    "hints_delivered_total": node.repairer.totals.hints_delivered,
+                },
+                "scrub": asdict(node.scrubber.stats),
+                "overlay": overlay,
             }
         )
 
     async def ring(self, request: web.Request) -> web.Response:
+        if not self.node.gossiper.ready.is_set():
+            return _error(503, "not_ready", "this peer is still learning the member table")
         config = self.config
+        states = self.node.table.states()
         return web.json_response(
             {
                 "members": [
-                    {"peer_id": m.peer_id, "address": m.address, "zone": m.zone}
-                    for m in config.members
+                    {
+                        "peer_id": m.peer_id,
+                        "address": m.address,
+                        "zone": m.zone,
+                        "state": states[m.peer_id],
+                    }
+                    for m in self.node.table.placement()
                 ],
                 "replication": config.replication,
                 "write_quorum": config.write_quorum,
@@ -211,6 +254,25 @@ class Peer:
                 "zone_aware": config.zone_aware,
             }
         )
+
+    async def members(self, request: web.Request) -> web.Response:
+        table = self.node.table
+        states = table.states()
+        return web.json_response(
+            {
+                "members": [
+                    {**entry.to_json(), "state": states[entry.peer_id]} for entry in table.entries()
+                ]
+            }
+        )
+
+    async def gossip(self, request: web.Request) -> web.Response:
+        answer = self.node.gossiper.receive(_json_body(await request.read()))
+        return web.json_response(answer)
+
+    async def leave(self, request: web.Request) -> web.Response:
+        self.node.leaving.set()
+        return web.json_response({"peer_id": self.config.peer_id, "status": "leaving"}, status=202)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         body = generate_latest(self.metrics.registry)
@@ -227,8 +289,14 @@ class Peer:
 
     async def put_chunk(self, request: web.Request) -> web.Response:
         chunk_id = self._chunk_id(request)
+        hint = request.query.get("hint")
         stored = await request.read()
         created = await self.chunks.put(chunk_id, stored)
+        if hint is not None and hint != self.config.peer_id:
+            try:
+                await self.node.hints.add(chunk_id, hint)
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from exc
         if created:
             self.metrics.chunk_bytes_written.inc(len(stored))
         return web.json_response(
@@ -269,6 +337,13 @@ class Peer:
             {"records": [{"key": key, "version": version} for key, version in entries]}
         )
 
+    async def record_versions(self, request: web.Request) -> web.Response:
+        keys = _json_body(await request.read()).get("keys")
+        if not isinstance(keys, list) or len(keys) > LIST_LIMIT_MAX:
+            raise ProtocolError(f"'keys' must be a list of at most {LIST_LIMIT_MAX} keys")
+        versions = {validate_key(str(key)): self.records.version(str(key)) for key in keys}
+        return web.json_response({"versions": versions})
+
     async def get_record(self, request: web.Request) -> web.Response:
         key = validate_key(request.match_info["key"])
         record = await self.records.get(key)
@@ -277,13 +352,19 @@ class Peer:
         return web.Response(
             body=record.value,
             content_type="application/octet-stream",
-            headers={VERSION_HEADER: str(record.version)},
+            headers={VERSION_HEADER: str(record.version), REFS_HEADER: str(len(record.refs))},
         )
 
     async def put_record(self, request: web.Request) -> web.Response:
         key = validate_key(request.match_info["key"])
+        refs_count = _int_query(request, "refs", 0)
+        value, refs = split_envelope(await request.read(), refs_count)
+        if "version" in request.query:
+            version = _int_query(request, "version", None)
+            stored = await self.records.put_repair(key, value, version, refs)
+            return web.json_response({"key": key, "version": version, "stored": stored})
         expected = _int_query(request, "expected_version", None)
-        record = await self.records.put(key, await request.read(), expected)
+        record = await self.records.put(key, value, expected, refs)
         return web.json_response({"key": key, "version": record.version}, status=201)
 
     async def delete_record(self, request: web.Request) -> web.Response:
@@ -291,6 +372,12 @@ class Peer:
         expected = _int_query(request, "expected_version", None)
         deleted = await self.records.delete(key, expected)
         return web.json_response({"key": key, "deleted": deleted})
+
+
+# Routes a request may reach with the target "*": a client asks a seed for the member
+# table before it knows the seed's advertised address, and a joining peer gossips with
+# overlay contacts it knows only by IP. Both are idempotent and change no stored data.
+_ANY_TARGET_ROUTES = frozenset({("GET", "/v1/ring"), ("POST", "/v1/gossip")})
 
 
 def _int_query(request: web.Request, name: str, default: int | None) -> int:
@@ -314,24 +401,28 @@ def _json_body(body: bytes) -> dict[str, Any]:
     return parsed
 
 
-def build_app(config: PeerConfig, clock: Callable[[], float] = time.time) -> web.Application:
-    """The peer's aiohttp application; its stores are opened before it is returned."""
-    peer = Peer(config, clock)
-    peer.open()
+def build_app(node: Node) -> web.Application:
+    """The HTTP application of an opened ``Node``."""
+    peer = Peer(node)
     app = web.Application(middlewares=[peer.guard], client_max_size=REQUEST_BYTES_MAX)
     app["peer"] = peer
-    app.router.add_get("/v1/health", peer.health)
-    app.router.add_get("/v1/info", peer.info)
-    app.router.add_get("/v1/ring", peer.ring)
-    app.router.add_get("/metrics", peer.metrics_text)
-    app.router.add_put("/v1/chunks/{chunk_id}", peer.put_chunk)
-    app.router.add_get("/v1/chunks/{chunk_id}", peer.get_chunk, allow_head=False)
-    app.router.add_head("/v1/chunks/{chunk_id}", peer.head_chunk)
-    app.router.add_post("/v1/chunks/exists", peer.chunks_exist)
-    app.router.add_get("/v1/records", peer.list_records)
-    app.router.add_get("/v1/records/{key:.+}", peer.get_record)
-    app.router.add_put("/v1/records/{key:.+}", peer.put_record)
-    app.router.add_delete("/v1/records/{key:.+}", peer.delete_record)
+    router = app.router
+    router.add_get("/v1/health", peer.health)
+    router.add_get("/v1/info", peer.info)
+    router.add_get("/v1/ring", peer.ring)
+    router.add_get("/v1/members", peer.members)
+    router.add_post("/v1/gossip", peer.gossip)
+    router.add_post("/v1/admin/leave", peer.leave)
+    router.add_get("/metrics", peer.metrics_text)
+    router.add_put("/v1/chunks/{chunk_id}", peer.put_chunk)
+    router.add_get("/v1/chunks/{chunk_id}", peer.get_chunk, allow_head=False)
+    router.add_head("/v1/chunks/{chunk_id}", peer.head_chunk)
+    router.add_post("/v1/chunks/exists", peer.chunks_exist)
+    router.add_get("/v1/records", peer.list_records)
+    router.add_post("/v1/records/versions", peer.record_versions)
+    router.add_get("/v1/records/{key:.+}", peer.get_record)
+    router.add_put("/v1/records/{key:.+}", peer.put_record)
+    router.add_delete("/v1/records/{key:.+}", peer.delete_record)
     return app
 
 

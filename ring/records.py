@@ -1,16 +1,23 @@
 """Small versioned records on a peer: manifests and pointers, with compare-and-set.
 
-A record is ``(key, version, value)``. Version 0 means absent. A write names the version
+A record is ``(key, version, value, refs)``: ``refs`` are the chunk ids the value
+points at (a blob reference, later a manifest), kept apart so that peers can audit and
+collect chunks without parsing values. Version 0 means absent. A write names the version
 it expects to replace: a replica accepts it when its own version is not newer than the
 expected one (so a replica that missed earlier writes catches up) and stores it as
 ``expected + 1``; otherwise it refuses with its current version. A replica therefore holds
 at most one value per version, and a stale writer never overwrites a newer version.
 
-Each record is one file ``<data>/records/<xxh3-128 of key>.rec``, written atomically:
+Repair writes carry an explicit version instead and are accepted only when newer than
+what the replica holds.
 
-    b"SR3R" | u32 metadata length | metadata JSON | value
+On the wire and on disk, ``refs`` travel as concatenated 16-byte chunk ids in front of
+the value (``?refs=N`` names how many). Each record is one file
+``<data>/records/<xxh3-128 of key>.rec``, written atomically:
 
-where the metadata holds the key, version, value length and the value's xxh3-64. Files
+    b"SR3R" | u32 metadata length | metadata JSON | refs | value
+
+where the metadata holds the key, version, value and refs lengths and their xxh3-64. Files
 are verified when read; a corrupt one is quarantined like a corrupt chunk.
 """
 
@@ -31,12 +38,22 @@ import xxhash
 from ring.chunkstore import write_file_atomic
 from sr3.errors import ProtocolError, RecordConflict
 
-__all__ = ["KEY_PATTERN", "RECORD_BYTES_MAX", "Record", "RecordStore", "validate_key"]
+__all__ = [
+    "KEY_PATTERN",
+    "RECORD_BYTES_MAX",
+    "REFS_MAX",
+    "Record",
+    "RecordStore",
+    "split_envelope",
+    "validate_key",
+]
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"SR3R"
 RECORD_BYTES_MAX = 4 * 1024 * 1024
+REFS_MAX = 65_536
+REF_BYTES = 16
 KEY_CHARS_MAX = 512
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]*$")
 _LENGTH = struct.Struct("<I")
@@ -47,10 +64,27 @@ class Record:
     key: str
     version: int
     value: bytes
+    refs: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
         return xxhash.xxh3_64_hexdigest(self.value)
+
+    def refs_bytes(self) -> bytes:
+        return b"".join(bytes.fromhex(ref) for ref in self.refs)
+
+    def envelope(self) -> bytes:
+        """The wire form of a write: refs, then value (``?refs=len(refs)``)."""
+        return self.refs_bytes() + self.value
+
+
+def split_envelope(body: bytes, refs_count: int) -> tuple[bytes, tuple[str, ...]]:
+    """Split a write's body into ``(value, refs)``."""
+    if not 0 <= refs_count <= REFS_MAX or len(body) < refs_count * REF_BYTES:
+        raise ProtocolError(f"refs must be 0..{REFS_MAX} ids of {REF_BYTES} bytes before the value")
+    cut = refs_count * REF_BYTES
+    refs = tuple(body[offset : offset + REF_BYTES].hex() for offset in range(0, cut, REF_BYTES))
+    return body[cut:], refs
 
 
 def validate_key(key: str) -> str:
@@ -68,16 +102,19 @@ def validate_key(key: str) -> str:
 
 
 def _encode(record: Record) -> bytes:
+    refs = record.refs_bytes()
     meta = json.dumps(
         {
             "key": record.key,
             "version": record.version,
             "value_bytes": len(record.value),
             "value_xxh3": record.digest,
+            "refs": len(record.refs),
+            "refs_xxh3": xxhash.xxh3_64_hexdigest(refs),
         },
         separators=(",", ":"),
     ).encode()
-    return MAGIC + _LENGTH.pack(len(meta)) + meta + record.value
+    return MAGIC + _LENGTH.pack(len(meta)) + meta + refs + record.value
 
 
 def _decode(data: bytes) -> Record:
@@ -85,10 +122,22 @@ def _decode(data: bytes) -> Record:
         raise ValueError("bad magic")
     (meta_len,) = _LENGTH.unpack_from(data, 4)
     meta = json.loads(data[8 : 8 + meta_len])
-    value = data[8 + meta_len :]
+    body = data[8 + meta_len :]
+    refs_count = int(meta.get("refs", 0))
+    refs_bytes = body[: refs_count * REF_BYTES]
+    if xxhash.xxh3_64_hexdigest(refs_bytes) != meta.get("refs_xxh3", xxhash.xxh3_64_hexdigest(b"")):
+        raise ValueError("refs checksum mismatch")
+    value, refs = split_envelope(body, refs_count)
     if len(value) != meta["value_bytes"] or xxhash.xxh3_64_hexdigest(value) != meta["value_xxh3"]:
         raise ValueError("value checksum mismatch")
-    return Record(str(meta["key"]), int(meta["version"]), value)
+    return Record(str(meta["key"]), int(meta["version"]), value, refs)
+
+
+def _check_size(value: bytes, refs: tuple[str, ...]) -> None:
+    if len(value) > RECORD_BYTES_MAX:
+        raise ProtocolError(f"record value of {len(value)} bytes is above {RECORD_BYTES_MAX}")
+    if len(refs) > REFS_MAX:
+        raise ProtocolError(f"a record references at most {REFS_MAX} chunks")
 
 
 class RecordStore:
@@ -125,6 +174,9 @@ class RecordStore:
     def count(self) -> int:
         return len(self._versions)
 
+    def keys(self) -> list[str]:
+        return sorted(self._versions)
+
     def list(self, prefix: str, limit: int) -> list[tuple[str, int]]:
         keys = sorted(key for key in self._versions if key.startswith(prefix))
         return [(key, self._versions[key]) for key in keys[:limit]]
@@ -146,20 +198,42 @@ class RecordStore:
             raise AssertionError(f"record file for {key!r} holds {record.key!r}")
         return record
 
-    async def put(self, key: str, value: bytes, expected_version: int) -> Record:
+    async def put(
+        self, key: str, value: bytes, expected_version: int, refs: tuple[str, ...] = ()
+    ) -> Record:
         """Compare-and-set: store ``value`` as version ``expected_version + 1``."""
-        if len(value) > RECORD_BYTES_MAX:
-            raise ProtocolError(f"record value of {len(value)} bytes is above {RECORD_BYTES_MAX}")
+        _check_size(value, refs)
         async with self._lock:
             current = self._versions.get(key, 0)
             if current > expected_version:
                 raise RecordConflict(key, expected_version, current)
-            record = Record(key, expected_version + 1, value)
-            await asyncio.to_thread(
-                write_file_atomic, self._tmp_dir, self._path(key), _encode(record)
-            )
-            self._versions[key] = record.version
+            record = Record(key, expected_version + 1, value, refs)
+            await self._write(record)
             return record
+
+    async def put_repair(
+        self, key: str, value: bytes, version: int, refs: tuple[str, ...] = ()
+    ) -> bool:
+        """Store a copy pushed by repair if it is newer than ours; False if it is not."""
+        _check_size(value, refs)
+        if version < 1:
+            raise ProtocolError("a repaired record has a version of at least 1")
+        async with self._lock:
+            if self._versions.get(key, 0) >= version:
+                return False
+            await self._write(Record(key, version, value, refs))
+            return True
+
+    async def _write(self, record: Record) -> None:
+        data = _encode(record)
+        await asyncio.to_thread(write_file_atomic, self._tmp_dir, self._path(record.key), data)
+        self._versions[record.key] = record.version
+
+    async def delete_local(self, key: str) -> None:
+        """Drop this replica's copy (an extra copy that repair handed over)."""
+        async with self._lock:
+            if self._versions.pop(key, None) is not None:
+                await asyncio.to_thread(self._path(key).unlink, True)
 
     async def delete(self, key: str, expected_version: int) -> bool:
         """Delete a record if its version is exactly ``expected_version``."""

@@ -1,4 +1,5 @@
-"""Running one peer process: serve the app until SIGTERM or SIGINT, then stop cleanly."""
+"""Running one peer process: serve the API and the background loops until SIGTERM or
+SIGINT (or until the peer has left the ring), then stop cleanly."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import time
 
 from aiohttp import web
 
-from ring.peer import PeerConfig, build_app, runner_options
+from ring.node import Node
+from ring.peer import build_app, runner_options
+from ring.peer_config import PeerConfig
 
 __all__ = ["run_peer", "serve"]
 
@@ -19,18 +22,27 @@ SHUTDOWN_TIMEOUT_S = 10.0
 
 
 async def serve(config: PeerConfig, stop: asyncio.Event) -> None:
-    """Serve ``config``'s peer until ``stop`` is set."""
-    app = build_app(config, time.time)
+    """Serve ``config``'s peer until ``stop`` is set or the peer has left the ring."""
+    node = Node(config, time.time)
+    node.open()
     runner = web.AppRunner(
-        app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **runner_options()
+        build_app(node), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **runner_options()
     )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     try:
         await site.start()
-        log.info("peer %s listening on %s", config.peer_id, config.address)
-        await stop.wait()
+        await node.start_overlay()
+        log.info("peer %s (epoch %d) listening on %s", config.peer_id, node.epoch, config.address)
+        async with asyncio.TaskGroup() as group:
+            background = group.create_task(node.run())
+            stopped = group.create_task(stop.wait())
+            left = group.create_task(node.left.wait())
+            await asyncio.wait({stopped, left}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (background, stopped, left):
+                task.cancel()
         log.info("peer %s stopping", config.peer_id)
+        await node.stop()
     finally:
         await runner.cleanup()
 

@@ -42,7 +42,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ring.auth import SECRET_CHARS_MIN, metrics_token
-from ring.placement import VNODES_DEFAULT, Member
+from ring.placement import VNODES_DEFAULT
 from sr3.client import Client, RingStatus
 from sr3.config import ClusterFile, Settings, cluster_file_path, parse_size, resolve, sr3_home
 from sr3.errors import ConfigError, SR3Error
@@ -110,37 +110,34 @@ def cli() -> None:
 # -- peer ----------------------------------------------------------------------------------
 
 
-def _parse_members(text: str) -> tuple[Member, ...]:
-    members = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        peer_id, sep, rest = item.partition("=")
-        address, _, zone = rest.partition("@")
-        if not sep or not peer_id or ":" not in address:
-            raise ConfigError(f"member {item!r} is not ID=HOST:PORT[@ZONE]")
-        members.append(Member(peer_id, address, zone))
-    return tuple(members)
+def _rate(text: str) -> float:
+    """Bytes per second in ``64MB/s``, ``64MiB`` or ``0`` (unlimited)."""
+    return float(parse_size(text.strip().removesuffix("/s")))
 
 
-@cli.command()
-@click.option("--id", "peer_id", required=True, envvar="SR3_PEER_ID", help="Stable peer id.")
-@click.option("--listen", required=True, envvar="SR3_LISTEN", help="HOST:PORT to serve on.")
+def _seeds(text: str) -> tuple[str, ...]:
+    seeds = tuple(filter(None, (part.strip() for part in text.split(","))))
+    for seed in seeds:
+        host, _, port = seed.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"seed {seed!r} is not HOST:PORT")
+    return seeds
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--id", "peer_id", envvar="SR3_PEER_ID", help="Stable peer id (required).")
+@click.option("--listen", envvar="SR3_LISTEN", help="HOST:PORT to serve on (required).")
 @click.option(
     "--advertise", envvar="SR3_ADVERTISE", help="HOST:PORT others reach (default: --listen)."
 )
 @click.option(
-    "--data",
-    "data_dir",
-    required=True,
-    envvar="SR3_DATA",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Data folder.",
-)
+    "--data", "data_dir", envvar="SR3_DATA",
+    type=click.Path(file_okay=False, path_type=Path), help="Data folder (required).",
+)  # fmt: skip
 @click.option(
-    "--members",
-    required=True,
-    envvar="SR3_MEMBERS",
-    help="Comma-separated ID=HOST:PORT[@ZONE] of every member, this peer included.",
-)
+    "--seeds", default="", envvar="SR3_SEEDS",
+    help="Comma-separated HOST:PORT of peers to join through (none for the first peer).",
+)  # fmt: skip
 @click.option("--zone", default="", envvar="SR3_ZONE", help="Failure zone of this peer.")
 @click.option("--replication", default=3, show_default=True, type=click.IntRange(1, 16))
 @click.option("--write-quorum", default=2, show_default=True, type=click.IntRange(1, 16))
@@ -148,21 +145,44 @@ def _parse_members(text: str) -> tuple[Member, ...]:
 @click.option("--zone-aware/--no-zone-aware", default=False, help="Spread replicas over zones.")
 @click.option("--capacity", help="Storage capacity, e.g. 100GiB (default: the disk).")
 @click.option(
-    "--secret-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    "--failure-timeout", default=5.0, show_default=True, envvar="SR3_FAILURE_TIMEOUT",
+    type=click.FloatRange(0.1), help="Seconds without a heartbeat before a peer is down.",
+)  # fmt: skip
+@click.option(
+    "--removal-grace", default=60.0, show_default=True, envvar="SR3_REMOVAL_GRACE",
+    type=click.FloatRange(0.1),
+    help="Seconds without a heartbeat before a peer leaves placement and is re-replicated.",
+)  # fmt: skip
+@click.option("--gossip-interval", default=1.0, show_default=True, type=click.FloatRange(0.05))
+@click.option("--repair-interval", default=10.0, show_default=True, type=click.FloatRange(0.05))
+@click.option("--repair-rate", default="64MB/s", show_default=True, help="Repair bandwidth cap.")
+@click.option("--scrub-rate", default="8MB/s", show_default=True, help="Scrubber read rate cap.")
+@click.option("--overlay/--no-overlay", default=True, help="Run the Kademlia discovery overlay.")
+@click.option("--seed", "rng_seed", type=int, help="Seed for gossip partner choice (replays).")
+@click.option(
+    "--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="File holding the cluster secret (else SR3_SECRET).",
-)
+)  # fmt: skip
 @click.option("--log-level", default="INFO", show_default=True)
+@click.pass_context
 @_fail_cleanly
 def peer(
-    peer_id: str, listen: str, advertise: str | None, data_dir: Path, members: str, zone: str,
-    replication: int, write_quorum: int, vnodes: int, zone_aware: bool, capacity: str | None,
-    secret_file: Path | None, log_level: str,
+    ctx: click.Context, peer_id: str | None, listen: str | None, advertise: str | None,
+    data_dir: Path | None, seeds: str, zone: str, replication: int, write_quorum: int,
+    vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
+    removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
+    scrub_rate: str, overlay: bool, rng_seed: int | None, secret_file: Path | None,
+    log_level: str,
 ) -> None:  # fmt: skip
-    """Run one storage peer in the foreground until SIGTERM or Ctrl-C."""
-    from ring.peer import PeerConfig
+    """Run one storage peer in the foreground until SIGTERM or Ctrl-C (`sr3 peer leave`
+    makes a peer leave the ring for good)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ring.peer_config import PeerConfig
     from ring.server import run_peer
 
+    if not (peer_id and listen and data_dir):
+        raise ConfigError("sr3 peer needs --id, --listen and --data (or SR3_* variables)")
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -172,20 +192,41 @@ def peer(
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
-    parsed = _parse_members(members)
-    address = advertise or listen
-    if not any(m.peer_id == peer_id and m.address == address for m in parsed):
-        raise ConfigError(f"--members must include this peer as {peer_id}={address}")
     if write_quorum > replication:
         raise ConfigError("--write-quorum cannot exceed --replication")
+    if removal_grace < failure_timeout:
+        raise ConfigError("--removal-grace cannot be shorter than --failure-timeout")
     config = PeerConfig(
         peer_id=peer_id, host=host, port=int(port), data_dir=data_dir, secret=secret,
-        members=parsed, zone=zone, replication=replication, write_quorum=write_quorum,
+        seeds=_seeds(seeds), zone=zone, replication=replication, write_quorum=write_quorum,
         vnodes=vnodes, zone_aware=zone_aware,
         capacity_bytes=parse_size(capacity) if capacity else None,
-        advertise=address,
+        advertise=advertise or listen, failure_timeout_s=failure_timeout,
+        removal_grace_s=removal_grace, gossip_interval_s=gossip_interval,
+        repair_interval_s=repair_interval, repair_rate_bytes_s=_rate(repair_rate),
+        scrub_rate_bytes_s=_rate(scrub_rate), overlay=overlay, rng_seed=rng_seed,
     )  # fmt: skip
     run_peer(config)
+
+
+@peer.command("leave")
+@click.argument("peer_id")
+@_ring_options
+@click.option("--wait/--no-wait", default=True, help="Wait until the peer has left.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float)
+@_fail_cleanly
+def peer_leave(
+    peer_id: str, ring: str | None, secret_file: Path | None, wait: bool, timeout_s: float
+) -> None:
+    """Make PEER_ID hand its data over to the rest of the ring and leave it for good."""
+    settings = _settings(ring, secret_file)
+
+    async def run() -> None:
+        async with Client(settings.ring, settings.secret) as client:
+            await client.leave(peer_id, wait=wait, timeout_s=timeout_s)
+
+    asyncio.run(run())
+    click.echo(f"{peer_id} has left the ring" if wait else f"{peer_id} is leaving the ring")
 
 
 # -- cluster -------------------------------------------------------------------------------
@@ -208,6 +249,9 @@ def cluster() -> None:
     help="Spread peers over this many zones (0: none).",
 )
 @click.option("--base-port", default=BASE_PORT_DEFAULT, show_default=True, type=int)
+@click.option("--failure-timeout", type=float, help="Peers' --failure-timeout (seconds).")
+@click.option("--removal-grace", type=float, help="Peers' --removal-grace (seconds).")
+@click.option("--repair-interval", type=float, help="Peers' --repair-interval (seconds).")
 @click.option(
     "--home",
     type=click.Path(file_okay=False, path_type=Path),
@@ -216,15 +260,25 @@ def cluster() -> None:
 @_fail_cleanly
 def cluster_up(
     peers: int, replication: int, write_quorum: int, zones: int, base_port: int,
+    failure_timeout: float | None, removal_grace: float | None, repair_interval: float | None,
     home: Path | None,
 ) -> None:  # fmt: skip
     """Start N peers and write the cluster file other commands use."""
+    flags: list[str] = []
+    for flag, value in (
+        ("--failure-timeout", failure_timeout),
+        ("--removal-grace", removal_grace),
+        ("--repair-interval", repair_interval),
+    ):
+        if value is not None:
+            flags += [flag, str(value)]
     path = cluster_file_path()
     if path.exists():
         raise ConfigError(f"a cluster is already recorded in {path}; run `sr3 cluster down` first")
     local = LocalCluster.create(
         (home or sr3_home() / "cluster").resolve(), peers, replication=replication,
         write_quorum=write_quorum, base_port=base_port, zones=zones, cluster_file=path,
+        peer_flags=flags,
     )  # fmt: skip
     local.up()
     click.echo(f"{peers} peers up (R={replication}, W={write_quorum}); cluster file {path}")
@@ -242,6 +296,17 @@ def cluster_down(purge: bool) -> None:
     click.echo(
         f"stopped {len(local.cluster.peers)} peers" + (" and deleted their data" if purge else "")
     )
+
+
+@cluster.command("add")
+@click.option("--count", default=1, show_default=True, type=click.IntRange(1, 50))
+@_fail_cleanly
+def cluster_add(count: int) -> None:
+    """Start new peers that join the ring (it rebalances about 1/N of the data to each)."""
+    local = LocalCluster.load()
+    for _ in range(count):
+        member = local.add_peer()
+        click.echo(f"{member.peer_id} joined at {member.address} (pid {member.pid})")
 
 
 @cluster.command("kill")
@@ -290,36 +355,45 @@ def _status_json(status: RingStatus, pids: dict[str, int | None]) -> dict[str, A
         if peer.peer_id in pids:
             entry["pid"] = pids[peer.peer_id]
         peers.append(entry)
-    return {"replication": status.replication, "write_quorum": status.write_quorum, "peers": peers}
+    return {
+        "replication": status.replication,
+        "write_quorum": status.write_quorum,
+        "chunks_under_replicated": status.chunks_under_replicated,
+        "chunks_lost": status.chunks_lost,
+        "peers": peers,
+    }
+
+
+_STATE_STYLE = {"up": "green", "down": "red", "removed": "yellow", "left": "dim"}
 
 
 def _status_table(status: RingStatus, pids: dict[str, int | None]) -> Table:
-    table = Table(title=f"sr3 ring: R={status.replication}, W={status.write_quorum}")
-    for column in (
-        "State",
-        "ID",
-        "Address",
-        "Zone",
-        "Owns (eff.)",
-        "Stored",
-        "Chunks",
-        "Records",
-        "PID",
-    ):
-        table.add_column(
-            column,
-            justify="right"
-            if column in ("Owns (eff.)", "Stored", "Chunks", "Records", "PID")
-            else "left",
-        )
+    title = (
+        f"sr3 ring: R={status.replication}, W={status.write_quorum}, "
+        f"{status.chunks_under_replicated} chunks under-replicated, {status.chunks_lost} lost"
+    )
+    zones = any(peer.zone for peer in status.peers)
+    table = Table(title=title)
+    table.add_column("State")
+    table.add_column("ID")
+    table.add_column("Address")
+    if zones:
+        table.add_column("Zone")
+    for column in ("Owns", "Stored", "Chunks", "Under", "Lost", "PID"):
+        table.add_column(column, justify="right")
     for peer in status.peers:
         up = peer.state == "up"
+        state = f"[{_STATE_STYLE.get(peer.state, 'red')}]{peer.state}[/]"
+        if peer.ring_state != peer.state:
+            state += f" (ring: {peer.ring_state})"
+        known = [
+            str(value) if up and value is not None else "?"
+            for value in (peer.chunk_count, peer.chunks_under_replicated, peer.chunks_lost)
+        ]
         table.add_row(
-            "[green]up[/green]" if up else "[red]down[/red]", peer.peer_id, peer.address,
-            peer.zone or "-", f"{peer.ownership * 100:.1f}%",
-            _human(peer.stored_bytes) if up else "?", str(peer.chunk_count) if up else "?",
-            str(peer.record_count) if up else "?",
-            str(pids.get(peer.peer_id) or "-"),
+            state, peer.peer_id, peer.address, *([peer.zone or "-"] if zones else []),
+            f"{peer.ownership * 100:.1f}%", _human(peer.stored_bytes) if up else "?",
+            *known, str(pids.get(peer.peer_id) or "-"),
         )  # fmt: skip
     return table
 
@@ -345,7 +419,10 @@ def status(ring: str | None, secret_file: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(_status_json(result, pids), indent=2))
     else:
-        Console().print(_status_table(result, pids))
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=160)
+        console.print(_status_table(result, pids))
 
 
 @cli.command()

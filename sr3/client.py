@@ -23,7 +23,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -86,6 +86,8 @@ class ClientOptions:
     timeouts: Timeouts = field(default_factory=Timeouts)
     # After a peer could not be reached, it is tried last for this long.
     down_retry_s: float = 5.0
+    # How long a fetched member table is used before it is fetched again.
+    ring_refresh_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +112,20 @@ class PeerStatus:
     peer_id: str
     address: str
     zone: str
+    # "up" or "down" as this client reaches it; "removed"/"left" for peers out of the ring
     state: str
     ownership: float
     stored_bytes: int | None
     chunk_count: int | None
     record_count: int | None
     error: str | None = None
+    # up / down / removed / left, as the ring's member table has it
+    ring_state: str = "up"
+    epoch: int | None = None
+    chunks_under_replicated: int | None = None
+    chunks_lost: int | None = None
+    hints_pending: int | None = None
+    repair_rounds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +133,8 @@ class RingStatus:
     replication: int
     write_quorum: int
     peers: tuple[PeerStatus, ...]
+    chunks_under_replicated: int = 0
+    chunks_lost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +142,9 @@ class _RingView:
     ring: Ring
     replication: int
     write_quorum: int
+    # peer id -> "up" / "down", as the answering peer sees it
+    states: Mapping[str, str]
+    fetched_at: float
 
 
 def parse_seeds(ring: str | Sequence[str]) -> tuple[str, ...]:
@@ -191,25 +206,34 @@ class Client:
     # -- ring ---------------------------------------------------------------------------
 
     async def ring(self, *, refresh: bool = False) -> _RingView:
-        """The member table, fetched from the first seed that answers."""
-        if self._view is not None and not refresh:
-            return self._view
+        """The member table, from the first seed or known peer that answers; cached for
+        ``ring_refresh_s`` so that a long-lived client follows membership changes."""
+        view = self._view
+        if (
+            view is not None
+            and not refresh
+            and self._clock() - view.fetched_at < self.options.ring_refresh_s
+        ):
+            return view
+        known = [member.address for member in view.ring.members] if view is not None else []
         causes: list[str] = []
-        for seed in self.seeds:
+        for address in dict.fromkeys([*self.seeds, *known]):
             try:
-                answer = await self._transport.request(seed, "GET", "/v1/ring", any_target=True)
+                answer = await self._transport.request(address, "GET", "/v1/ring", any_target=True)
                 self._view = self._parse_ring(answer.json())
                 return self._view
             except PeerError as exc:
                 causes.append(str(exc))
-        raise PeerUnavailable(",".join(self.seeds), "no seed answered: " + "; ".join(causes))
+        raise PeerUnavailable(",".join(self.seeds), "no peer answered: " + "; ".join(causes))
 
     def _parse_ring(self, answer: Any) -> _RingView:
         try:
+            entries = answer["members"]
             members = [
                 Member(str(m["peer_id"]), str(m["address"]), str(m.get("zone", "")))
-                for m in answer["members"]
+                for m in entries
             ]
+            states = {str(m["peer_id"]): str(m.get("state", "up")) for m in entries}
             ring = Ring.build(
                 members, vnodes=int(answer["vnodes"]), zone_aware=bool(answer["zone_aware"])
             )
@@ -219,30 +243,46 @@ class Client:
             raise ProtocolError(f"malformed ring description: {exc!r}") from exc
         if not 1 <= write_quorum <= replication:
             raise ConfigError(f"write quorum {write_quorum} must be in 1..R={replication}")
-        return _RingView(ring, replication, write_quorum)
+        return _RingView(ring, replication, write_quorum, states, self._clock())
 
     def _mark_down(self, member: Member) -> None:
         self._down_until[member.peer_id] = self._clock() + self.options.down_retry_s
 
+    def _is_down(self, member: Member) -> bool:
+        if self._down_until.get(member.peer_id, 0.0) > self._clock():
+            return True
+        view = self._view
+        return view is not None and view.states.get(member.peer_id) == "down"
+
     def _live_first(self, members: Sequence[Member]) -> list[Member]:
-        now = self._clock()
-        live = [m for m in members if self._down_until.get(m.peer_id, 0.0) <= now]
-        return live + [m for m in members if self._down_until.get(m.peer_id, 0.0) > now]
+        return [m for m in members if not self._is_down(m)] + [
+            m for m in members if self._is_down(m)
+        ]
 
     async def _fan_out(
-        self, candidates: Sequence[Member], count: int, op: Callable[[Member], Awaitable[T]]
+        self,
+        candidates: Sequence[Member],
+        count: int,
+        op: Callable[[Member, Member | None], Awaitable[T]],
     ) -> tuple[list[tuple[Member, T]], list[str]]:
-        """Run ``op`` on ``count`` candidates at once; a lane whose peer fails (PeerError)
-        moves on to the next unused candidate. Returns the answers and the failures."""
-        ordered = self._live_first(candidates)
-        spares = iter(ordered[count:])
+        """Run ``op`` on the first ``count`` candidates at once. A lane whose peer is
+        known down, or fails (PeerError), moves on to the next unused candidate, live ones
+        first, and passes ``op`` the peer it stands in for (writes leave a hint for it).
+        Returns the answers and the failures."""
+        preferred = list(candidates[:count])
+        last_resort = [member for member in preferred if self._is_down(member)]
+        spares = iter(self._live_first(candidates[count:]) + last_resort)
         answers: list[tuple[Member, T]] = []
         causes: list[str] = []
 
-        async def lane(member: Member | None) -> None:
+        async def lane(original: Member) -> None:
+            member: Member | None = original
+            if self._is_down(original):
+                member = next(spares, None)
             while member is not None:
                 try:
-                    answers.append((member, await op(member)))
+                    stand_in_for = None if member is original else original
+                    answers.append((member, await op(member, stand_in_for)))
                     return
                 except PeerError as exc:
                     causes.append(str(exc))
@@ -251,14 +291,19 @@ class Client:
                 member = next(spares, None)
 
         async with asyncio.TaskGroup() as group:
-            for member in ordered[:count]:
+            for member in preferred:
                 group.create_task(lane(member))
         return answers, causes
 
     # -- chunks -------------------------------------------------------------------------
 
-    async def _put_chunk_to(self, member: Member, chunk_id: str, stored: bytes) -> None:
-        await self._transport.request(member.address, "PUT", f"/v1/chunks/{chunk_id}", body=stored)
+    async def _put_chunk_to(
+        self, member: Member, chunk_id: str, stored: bytes, hint: Member | None
+    ) -> None:
+        path = f"/v1/chunks/{chunk_id}"
+        if hint is not None:
+            path += f"?hint={_quote(hint.peer_id)}"
+        await self._transport.request(member.address, "PUT", path, body=stored)
 
     async def _store_raw_chunk(self, raw: bytes) -> str:
         chunk_id, stored = await asyncio.to_thread(codec.encode, raw)
@@ -266,7 +311,7 @@ class Client:
         answers, causes = await self._fan_out(
             view.ring.candidates(chunk_id, view.replication),
             view.replication,
-            lambda member: self._put_chunk_to(member, chunk_id, stored),
+            lambda member, hint: self._put_chunk_to(member, chunk_id, stored, hint),
         )
         if len(answers) < view.write_quorum:
             raise QuorumError(f"chunk {chunk_id}", len(answers), view.write_quorum, causes)
@@ -291,7 +336,7 @@ class Client:
         answers, causes = await self._fan_out(
             view.ring.candidates(chunk_id, view.replication),
             1,
-            lambda member: self._get_chunk_from(member, chunk_id),
+            lambda member, _hint: self._get_chunk_from(member, chunk_id),
         )
         if not answers:
             raise DataUnavailable([chunk_id], causes)
@@ -404,7 +449,9 @@ class Client:
 
     # -- records ------------------------------------------------------------------------
 
-    async def _get_record_from(self, member: Member, key: str) -> RecordValue | None:
+    async def _get_record_from(
+        self, member: Member, key: str, _hint: Member | None = None
+    ) -> RecordValue | None:
         try:
             answer = await self._transport.request(
                 member.address, "GET", f"/v1/records/{key}", body_bytes_max=8 * 1024 * 1024
@@ -421,21 +468,21 @@ class Client:
         answers, causes = await self._fan_out(
             view.ring.candidates(key, view.replication),
             view.replication,
-            lambda m: self._get_record_from(m, key),
+            lambda member, hint: self._get_record_from(member, key, hint),
         )
         if not answers:
             raise DataUnavailable([key], causes)
         return _newest([value for _member, value in answers if value is not None])
 
     async def _put_record_to(
-        self, member: Member, key: str, value: bytes, expected_version: int
+        self, member: Member, key: str, body: bytes, expected_version: int, refs: int
     ) -> int:
         try:
             answer = await self._transport.request(
                 member.address,
                 "PUT",
-                f"/v1/records/{key}?expected_version={expected_version}",
-                body=value,
+                f"/v1/records/{key}?expected_version={expected_version}&refs={refs}",
+                body=body,
             )
         except PeerRejected as exc:
             if exc.status == 409:
@@ -443,16 +490,25 @@ class Client:
             raise
         return int(answer.json()["version"])
 
-    async def put_record(self, key: str, value: bytes, *, expected_version: int) -> int:
+    async def put_record(
+        self, key: str, value: bytes, *, expected_version: int, refs: Sequence[str] = ()
+    ) -> int:
         """Compare-and-set: store ``value`` as ``expected_version + 1`` on W..R replicas.
 
-        Raises ``RecordConflict`` when replicas hold a newer version than expected.
+        ``refs`` are the chunk ids the value points at: peers audit that they stay
+        available (``chunks_lost``) without parsing values. Raises ``RecordConflict``
+        when replicas hold a newer version than expected.
         """
+        if not all(codec.is_chunk_id(ref) for ref in refs):
+            raise ProtocolError("refs must be chunk ids")
+        body = b"".join(bytes.fromhex(ref) for ref in refs) + value
         view = await self.ring()
         answers, causes = await self._fan_out(
             view.ring.candidates(key, view.replication),
             view.replication,
-            lambda m: self._put_record_to(m, key, value, expected_version),
+            lambda member, _hint: self._put_record_to(
+                member, key, body, expected_version, len(refs)
+            ),
         )
         acks = sum(1 for _member, version in answers if version >= 0)
         if acks >= view.write_quorum:
@@ -467,7 +523,7 @@ class Client:
         view = await self.ring()
         path = f"/v1/records?prefix={_quote(prefix)}&limit={limit}"
 
-        async def one(member: Member) -> Any:
+        async def one(member: Member, _hint: Member | None) -> Any:
             return (await self._transport.request(member.address, "GET", path)).json()
 
         answers, _causes = await self._fan_out(view.ring.members, len(view.ring), one)
@@ -488,7 +544,12 @@ class Client:
         record_key = BLOB_KEY_PREFIX + key
         current = await self.get_record(record_key)
         value = json.dumps(ref.to_json(), separators=(",", ":")).encode()
-        await self.put_record(record_key, value, expected_version=current.version if current else 0)
+        await self.put_record(
+            record_key,
+            value,
+            expected_version=current.version if current else 0,
+            refs=sorted({extent.chunk_id for extent in ref.extents}),
+        )
         return ref
 
     async def lookup_file(self, key: str) -> BlobRef:
@@ -500,48 +561,83 @@ class Client:
         except json.JSONDecodeError as exc:
             raise ProtocolError(f"record for {key!r} is not a blob reference") from exc
 
-    # -- status -------------------------------------------------------------------------
+    # -- membership and status ----------------------------------------------------------
+
+    async def members(self) -> list[dict[str, Any]]:
+        """The whole member table, with each peer's liveness, from the first peer that
+        answers (it includes peers that left or were removed)."""
+        view = await self.ring(refresh=True)
+        causes: list[str] = []
+        for member in self._live_first(view.ring.members):
+            try:
+                answer = await self._transport.request(member.address, "GET", "/v1/members")
+                members: list[dict[str, Any]] = answer.json()["members"]
+                return members
+            except (PeerError, KeyError, TypeError) as exc:
+                causes.append(str(exc))
+        raise PeerUnavailable("ring", "no peer gave its member table: " + "; ".join(causes))
+
+    async def leave(self, peer_id: str, *, wait: bool = True, timeout_s: float = 600.0) -> None:
+        """Ask ``peer_id`` to hand its data over and leave the ring; wait until it has."""
+        view = await self.ring(refresh=True)
+        try:
+            member = view.ring.member(peer_id)
+        except KeyError as exc:
+            raise NotFound(f"no peer {peer_id!r} in the ring") from exc
+        await self._transport.request(member.address, "POST", "/v1/admin/leave", ok=(202,))
+        if not wait:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    await asyncio.sleep(0.5)
+                    states = {m["peer_id"]: m.get("state") for m in await self.members()}
+                    if states.get(peer_id) == "left":
+                        return
+        except TimeoutError as exc:
+            raise SR3Error(f"{peer_id} has not left the ring after {timeout_s:.0f} s") from exc
+
+    async def _probe(self, entry: Mapping[str, Any], ownership: float) -> PeerStatus:
+        peer_id, address = str(entry["peer_id"]), str(entry["address"])
+        ring_state = str(entry.get("state", "up"))
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT_S):
+                info = (await self._transport.request(address, "GET", "/v1/info")).json()
+        except (PeerError, TimeoutError) as exc:
+            state = ring_state if ring_state in ("removed", "left") else "down"
+            return PeerStatus(
+                peer_id, address, str(entry.get("zone", "")), state, ownership,
+                None, None, None, str(exc) or "timeout", ring_state=ring_state,
+            )  # fmt: skip
+        last = (info.get("repair") or {}).get("last") or {}
+        return PeerStatus(
+            peer_id, address, str(entry.get("zone", "")), "up", ownership,
+            int(info["stored_bytes"]), int(info["chunk_count"]), int(info["record_count"]),
+            ring_state=ring_state, epoch=info.get("epoch"),
+            chunks_under_replicated=last.get("chunks_under_replicated"),
+            chunks_lost=last.get("chunks_lost"), hints_pending=info.get("hints_pending"),
+            repair_rounds=(info.get("repair") or {}).get("rounds"),
+        )  # fmt: skip
 
     async def status(self) -> RingStatus:
-        """Every member's state and figures, like ``nodetool status``."""
+        """Every member's state and figures, like ``nodetool status``, with the ring's
+        under-replicated and lost chunk counts (from each peer's last repair round)."""
         view = await self.ring(refresh=True)
         ownership = view.ring.ownership(view.replication)
-
-        async def probe(member: Member) -> PeerStatus:
-            try:
-                info = (
-                    await asyncio.wait_for(
-                        self._transport.request(member.address, "GET", "/v1/info"),
-                        STATUS_TIMEOUT_S,
-                    )
-                ).json()
-            except (PeerError, TimeoutError) as exc:
-                return PeerStatus(
-                    member.peer_id,
-                    member.address,
-                    member.zone,
-                    "down",
-                    ownership.get(member.peer_id, 0.0),
-                    None,
-                    None,
-                    None,
-                    str(exc) or "timeout",
-                )
-            return PeerStatus(
-                member.peer_id,
-                member.address,
-                member.zone,
-                "up",
-                ownership.get(member.peer_id, 0.0),
-                int(info["stored_bytes"]),
-                int(info["chunk_count"]),
-                int(info["record_count"]),
-            )
-
+        entries = await self.members()
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(probe(member)) for member in view.ring.members]
+            tasks = [
+                group.create_task(self._probe(entry, ownership.get(str(entry["peer_id"]), 0.0)))
+                for entry in entries
+            ]
         peers = tuple(task.result() for task in tasks)
-        return RingStatus(view.replication, view.write_quorum, peers)
+        return RingStatus(
+            view.replication,
+            view.write_quorum,
+            peers,
+            chunks_under_replicated=sum(p.chunks_under_replicated or 0 for p in peers),
+            chunks_lost=sum(p.chunks_lost or 0 for p in peers),
+        )
 
 
 def _quote(text: str) -> str:

@@ -74,6 +74,8 @@ class ClusterFile:
     vnodes: int
     peers: tuple[ClusterPeer, ...]
     home: str
+    # Extra ``sr3 peer`` flags every peer of the cluster runs with (timeouts, rates).
+    peer_flags: tuple[str, ...] = ()
     format: int = CLUSTER_FILE_FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -100,7 +102,8 @@ class ClusterFile:
             if data.get("format") != CLUSTER_FILE_FORMAT:
                 raise ConfigError(f"{path}: unsupported cluster file format {data.get('format')}")
             peers = tuple(ClusterPeer(**peer) for peer in data.pop("peers"))
-            return cls(peers=peers, **data)
+            flags = tuple(str(flag) for flag in data.pop("peer_flags", ()))
+            return cls(peers=peers, peer_flags=flags, **data)
         except FileNotFoundError as exc:
             raise ConfigError(f"no cluster file at {path}") from exc
         except (OSError, TypeError, KeyError, json.JSONDecodeError) as exc:

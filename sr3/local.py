@@ -9,6 +9,7 @@ reach it. The cluster file records addresses, pids and the secret for other comm
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -35,19 +36,25 @@ HEALTH_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
 
+SEEDS_COUNT = 2
+
+
 def peer_command(cluster: ClusterFile, peer: ClusterPeer) -> list[str]:
-    """The ``sr3 peer`` command line of one member (the same one compose services run)."""
+    """The ``sr3 peer`` command line of one member (the same one compose services run).
+
+    Every peer joins through the first two peers of the cluster (the seeds)."""
     host, _, port = peer.address.rpartition(":")
-    members = ",".join(f"{p.peer_id}={p.address}" for p in cluster.peers)
+    seeds = [p.address for p in cluster.peers[:SEEDS_COUNT] if p.peer_id != peer.peer_id]
     command = [
         sys.executable, "-m", "sr3", "peer",
         "--id", peer.peer_id,
         "--listen", f"{host}:{port}",
         "--data", peer.data_dir,
-        "--members", members,
+        "--seeds", ",".join(seeds),
         "--replication", str(cluster.replication),
         "--write-quorum", str(cluster.write_quorum),
         "--vnodes", str(cluster.vnodes),
+        *cluster.peer_flags,
     ]  # fmt: skip
     if peer.zone:
         command += ["--zone", peer.zone]
@@ -72,10 +79,11 @@ def pick_port(hosts: Sequence[str], base_port: int) -> int:
 
 
 def _healthy(address: str) -> bool:
+    """True once the peer answers and has learned the member table (it is ready)."""
     try:
         with urllib.request.urlopen(f"http://{address}/v1/health", timeout=0.5) as answer:
-            return bool(answer.status == 200)
-    except (urllib.error.URLError, OSError):
+            return bool(answer.status == 200 and json.loads(answer.read()).get("ready"))
+    except (urllib.error.URLError, OSError, ValueError):
         return False
 
 
@@ -108,6 +116,7 @@ class LocalCluster:
         base_port: int = BASE_PORT_DEFAULT,
         zones: int = 0,
         cluster_file: Path | None = None,
+        peer_flags: Sequence[str] = (),
     ) -> LocalCluster:
         """Lay out (but do not start) a new cluster of ``peers`` peers under ``home``."""
         if not 1 <= peers <= 250:
@@ -128,7 +137,7 @@ class LocalCluster:
         )
         cluster = ClusterFile(
             secret=generate_secret(), replication=replication, write_quorum=write_quorum,
-            vnodes=vnodes, peers=members, home=str(home),
+            vnodes=vnodes, peers=members, home=str(home), peer_flags=tuple(peer_flags),
         )  # fmt: skip
         return cls(cluster, cluster_file or cluster_file_path())
 
@@ -150,6 +159,29 @@ class LocalCluster:
             if peer.peer_id == peer_id:
                 return peer
         raise ConfigError(f"no peer {peer_id!r} in this cluster")
+
+    def add_peer(self, *, wait: bool = True) -> ClusterPeer:
+        """Lay out one more peer (the next 127.0.0.x) and start it: it joins the ring."""
+        index = len(self.cluster.peers) + 1
+        if index > 250:
+            raise ConfigError("a local cluster has at most 250 peers")
+        host = f"127.0.0.{index}"
+        port = int(self.cluster.peers[0].address.rpartition(":")[2])
+        if not _port_free(host, port):
+            raise ConfigError(f"{host}:{port} is busy")
+        home = Path(self.cluster.home)
+        zones = sorted({p.zone for p in self.cluster.peers if p.zone})
+        member = ClusterPeer(
+            peer_id=f"peer-{index}",
+            address=f"{host}:{port}",
+            data_dir=str(home / f"peer-{index}"),
+            zone=zones[(index - 1) % len(zones)] if zones else "",
+            log_file=str(home / f"peer-{index}" / "peer.log"),
+        )
+        self.cluster = replace(self.cluster, peers=(*self.cluster.peers, member))
+        self._save()
+        self.start(member.peer_id, wait=wait)
+        return self.peer(member.peer_id)
 
     def _save(self) -> None:
         self.cluster.write(self.cluster_file)

@@ -8,6 +8,7 @@ working ring. So the compose file cannot drift from the command line the tests r
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -45,13 +46,13 @@ def test_compose_file_describes_a_ring_of_at_least_five_peers() -> None:
     volumes = set()
     for name, service in services.items():
         environment = service["environment"]
-        assert {"SR3_PEER_ID", "SR3_LISTEN", "SR3_DATA", "SR3_MEMBERS"} <= set(environment), name
+        assert {"SR3_PEER_ID", "SR3_LISTEN", "SR3_DATA", "SR3_SEEDS"} <= set(environment), name
         assert service["restart"] == "unless-stopped", name
         assert "healthcheck" in service, name
         assert service["env_file"] == ".env", name
         volumes.update(volume.split(":")[0] for volume in service["volumes"])
-        members = environment["SR3_MEMBERS"].split(",")
-        assert f"{environment['SR3_PEER_ID']}={environment['SR3_ADVERTISE']}" in members
+        seeds = environment["SR3_SEEDS"].split(",")
+        assert all(seed.split(":")[0] in services for seed in seeds), "seeds are services"
     assert len(volumes) == len(services), "every peer needs a data volume of its own"
     assert _entrypoint() == ["sr3", "peer"]
 
@@ -105,8 +106,10 @@ def _wait_healthy(address: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://{address}/v1/health", timeout=0.5):
-                return
+            with urllib.request.urlopen(f"http://{address}/v1/health", timeout=0.5) as answer:
+                if json.loads(answer.read())["ready"]:
+                    return
         except OSError:
-            time.sleep(0.1)
-    pytest.fail(f"peer at {address} never became healthy")
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"peer at {address} never became ready")

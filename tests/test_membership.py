@@ -28,6 +28,7 @@ def test_newer_entries_win_and_older_ones_are_ignored() -> None:
     clock = Clock()
     members = table(clock)
     assert members.merge([entry("p2", heartbeat=3)]) == ["p2"]
+    assert members.merge([entry("p2", heartbeat=4)]) == []
     assert members.merge([entry("p2", heartbeat=2)]) == []
     assert members.merge([entry("p2", epoch=2, heartbeat=0)]) == ["p2"]
     assert members.entry("p2") == entry("p2", epoch=2, heartbeat=0)

@@ -1,0 +1,151 @@
+"""Heartbeats and member-table gossip over the peers' HTTP API.
+
+Every ``interval_s`` a peer advances its own heartbeat and exchanges its whole member
+table with up to ``fanout`` peers chosen with a seeded generator (``POST /v1/gossip``):
+each side merges what the other knows. A peer that knows nobody yet (it is joining)
+gossips with its seeds and with the contacts the Kademlia overlay found. Tables are
+bounded (``MEMBERS_MAX`` entries), so are requests (timeouts) and rounds (``fanout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ring.membership import MEMBERS_MAX, Entry, MemberTable
+from sr3.errors import ProtocolError, SR3Error
+from sr3.transport import Transport
+
+__all__ = ["Gossiper", "decode_table", "encode_table"]
+
+log = logging.getLogger(__name__)
+
+FANOUT_DEFAULT = 3
+EXCHANGE_TIMEOUT_S = 2.0
+
+
+def encode_table(table: MemberTable) -> dict[str, Any]:
+    return {"members": [entry.to_json() for entry in table.entries()]}
+
+
+def decode_table(data: Any) -> list[Entry]:
+    members = data.get("members") if isinstance(data, dict) else None
+    if not isinstance(members, list) or len(members) > MEMBERS_MAX:
+        raise ProtocolError(f"'members' must be a list of at most {MEMBERS_MAX} entries")
+    return [Entry.from_json(item) for item in members]
+
+
+class Gossiper:
+    def __init__(
+        self,
+        table: MemberTable,
+        transport: Transport,
+        *,
+        seeds: Sequence[str],
+        contacts: Callable[[], list[str]],
+        rng: random.Random,
+        interval_s: float,
+        fanout: int = FANOUT_DEFAULT,
+        ready_after_s: float = 5.0,
+    ) -> None:
+        self.table = table
+        self._transport = transport
+        self._seeds = [seed for seed in seeds if seed != table.own.address]
+        self._contacts = contacts
+        self._rng = rng
+        self.interval_s = interval_s
+        self.fanout = fanout
+        self.rounds = 0
+        # Set once this peer has exchanged tables with someone (or found nobody to ask
+        # within ``ready_after_s``): until then its view of the ring may be partial, so it
+        # does not serve the ring to clients nor run repair on it.
+        self.ready = asyncio.Event()
+        self.ready_after_s = ready_after_s
+        self.on_change: Callable[[], Awaitable[None]] | None = None
+
+    def receive(self, data: Any) -> dict[str, Any]:
+        """Handle an incoming exchange: merge it, answer with our table."""
+        changed = self.table.merge(decode_table(data))
+        if changed:
+            log.info("member table: learned %s", ", ".join(changed))
+            self._changed = True
+        return encode_table(self.table)
+
+    _changed = False
+
+    async def exchange(self, address: str) -> bool:
+        try:
+            async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
+                answer = await self._transport.request(
+                    address,
+                    "POST",
+                    "/v1/gossip",
+                    body=_json_bytes(encode_table(self.table)),
+                    any_target=True,
+                )
+            changed = self.table.merge(decode_table(answer.json()))
+        except (SR3Error, TimeoutError) as exc:
+            log.debug("gossip with %s failed: %s", address, exc)
+            return False
+        if changed:
+            log.info("member table: learned %s from %s", ", ".join(changed), address)
+            self._changed = True
+        self.ready.set()
+        return True
+
+    def targets(self) -> list[str]:
+        me = self.table.me
+        states = self.table.states()
+        known = [
+            entry.address
+            for entry in self.table.entries()
+            if entry.peer_id != me and states[entry.peer_id] in ("up", "down")
+        ]
+        chosen = self._rng.sample(known, min(self.fanout, len(known)))
+        if not known:
+            own = self.table.own.address
+            strangers = sorted((set(self._seeds) | set(self._contacts())) - {own})
+            chosen = self._rng.sample(strangers, min(self.fanout, len(strangers)))
+        return chosen
+
+    async def round(self) -> None:
+        self.table.beat()
+        targets = self.targets()
+        async with asyncio.TaskGroup() as group:
+            for address in targets:
+                group.create_task(self.exchange(address))
+        self.rounds += 1
+        if self._changed and self.on_change is not None:
+            self._changed = False
+            await self.on_change()
+
+    async def run(self) -> None:
+        started = asyncio.get_running_loop().time()
+        while True:
+            await self.round()
+            if not self.ready.is_set():
+                waited = asyncio.get_running_loop().time() - started
+                if not self.targets() or waited >= self.ready_after_s:
+                    log.info("gossip: nobody answered yet; serving with the table we have")
+                    self.ready.set()
+            await asyncio.sleep(self.interval_s)
+
+    async def announce(self, status: str, timeout_s: float) -> None:
+        """Set our status and tell every known peer at once (stop, leave)."""
+        self.table.set_status(status)
+        addresses = [e.address for e in self.table.entries() if e.peer_id != self.table.me]
+        try:
+            async with asyncio.timeout(timeout_s), asyncio.TaskGroup() as group:
+                for address in addresses:
+                    group.create_task(self.exchange(address))
+        except TimeoutError:
+            log.warning("announcing %s did not reach every peer within %.0f s", status, timeout_s)
+
+
+def _json_bytes(data: Any) -> bytes:
+    import json
+
+    return json.dumps(data, separators=(",", ":")).encode()

@@ -1,0 +1,227 @@
+"""One peer's moving parts, apart from HTTP: stores, member table, gossip, repair,
+scrubbing and the discovery overlay, and their lifecycle.
+
+``Node.open`` prepares the stores and the identity (``<data>/peer.json``: the peer id
+and an epoch that grows on every start, so that the ring tells a restarted peer from
+its previous life). ``Node.run`` runs the background loops in one task group until
+cancelled. ``Node.stop`` tells the ring this peer stops (it is then ``down`` at once, not
+after the failure timeout); ``Node.leave`` hands everything it holds over to the peers
+that take its place, then tells the ring it left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from ring.chunkstore import ChunkStore, write_file_atomic
+from ring.gossip import Gossiper, decode_table
+from ring.hints import HintStore
+from ring.membership import Entry, MemberTable, Timeouts
+from ring.overlay import Overlay
+from ring.peer_config import PeerConfig
+from ring.placement import Ring
+from ring.records import RecordStore
+from ring.repair import Repairer, RepairSettings
+from ring.scrubber import Scrubber
+from sr3.errors import ConfigError, ProtocolError
+from sr3.transport import Timeouts as TransportTimeouts
+from sr3.transport import Transport
+
+__all__ = ["Node"]
+
+log = logging.getLogger(__name__)
+
+ANNOUNCE_TIMEOUT_S = 2.0
+LEAVE_TIMEOUT_S = 600.0
+CONTROL_TIMEOUTS = TransportTimeouts(connect_s=1.0, read_s=3.0)
+
+
+def _next_epoch(data_dir: Path, peer_id: str) -> int:
+    """Read, bump and durably write this data folder's epoch; refuse a foreign folder."""
+    path = data_dir / "peer.json"
+    epoch = 0
+    if path.exists():
+        try:
+            identity = json.loads(path.read_text())
+            owner, epoch = str(identity["peer_id"]), int(identity["epoch"])
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a valid peer identity: {exc}") from exc
+        if owner != peer_id:
+            raise ConfigError(f"{data_dir} holds the data of peer {owner!r}, not {peer_id!r}")
+    data = json.dumps({"peer_id": peer_id, "epoch": epoch + 1}).encode()
+    write_file_atomic(data_dir / "tmp", path, data)
+    return epoch + 1
+
+
+def _load_members(path: Path) -> list[Entry]:
+    """The member table saved by a previous run; nothing if absent or unreadable."""
+    if not path.exists():
+        return []
+    try:
+        return decode_table(json.loads(path.read_text()))
+    except (OSError, ValueError, ProtocolError) as exc:
+        log.warning("ignoring saved member table %s: %s", path, exc)
+        return []
+
+
+class Node:
+    def __init__(self, config: PeerConfig, clock: Callable[[], float]) -> None:
+        self.config = config
+        self.clock = clock
+        self.chunks = ChunkStore(
+            config.data_dir,
+            capacity_bytes=config.capacity_bytes,
+            io_concurrency=config.io_concurrency,
+        )
+        self.records = RecordStore(config.data_dir)
+        self.hints = HintStore(config.data_dir)
+        self.data_transport = Transport(config.secret)
+        self.control_transport = Transport(config.secret, timeouts=CONTROL_TIMEOUTS)
+        self.overlay: Overlay | None = (
+            Overlay(config.secret, config.peer_id, clock=clock) if config.overlay else None
+        )
+        self.epoch = 0
+        self.leaving = asyncio.Event()
+        self.left = asyncio.Event()
+        self._table: MemberTable | None = None
+        self._gossiper: Gossiper | None = None
+        self._repairer: Repairer | None = None
+        self._scrubber: Scrubber | None = None
+
+    # Built in open(): they need the epoch read from disk.
+    @property
+    def table(self) -> MemberTable:
+        assert self._table is not None, "Node.open() first"
+        return self._table
+
+    @property
+    def gossiper(self) -> Gossiper:
+        assert self._gossiper is not None, "Node.open() first"
+        return self._gossiper
+
+    @property
+    def repairer(self) -> Repairer:
+        assert self._repairer is not None, "Node.open() first"
+        return self._repairer
+
+    @property
+    def scrubber(self) -> Scrubber:
+        assert self._scrubber is not None, "Node.open() first"
+        return self._scrubber
+
+    def open(self) -> None:
+        config = self.config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        (config.data_dir / "tmp").mkdir(exist_ok=True)
+        self.epoch = _next_epoch(config.data_dir, config.peer_id)
+        self.chunks.open()
+        self.records.open()
+        self.hints.open()
+        me = Entry(config.peer_id, config.address, config.zone, "up", self.epoch, 0)
+        timeouts = Timeouts(config.failure_timeout_s, config.removal_grace_s)
+        self._table = MemberTable(me, self.clock, timeouts)
+        self._table.merge(_load_members(config.data_dir / "members.json"))
+        self._gossiper = Gossiper(
+            self._table,
+            self.control_transport,
+            seeds=config.seeds,
+            contacts=self._overlay_contacts,
+            rng=random.Random(config.rng_seed),
+            interval_s=config.gossip_interval_s,
+            ready_after_s=config.failure_timeout_s,
+        )
+        self._gossiper.on_change = self._save_members
+        self._repairer = Repairer(
+            config.peer_id, self._table, self.chunks, self.records, self.hints,
+            self.data_transport,
+            RepairSettings(
+                replication=config.replication, vnodes=config.vnodes,
+                zone_aware=config.zone_aware, interval_s=config.repair_interval_s,
+                rate_bytes_s=config.repair_rate_bytes_s,
+            ),
+            self.clock,
+        )  # fmt: skip
+        self._scrubber = Scrubber(
+            config.peer_id, self.chunks, self._table, self.ring, self.data_transport,
+            replication=config.replication, rate_bytes_s=config.scrub_rate_bytes_s,
+        )  # fmt: skip
+
+    async def _save_members(self) -> None:
+        """Remember the member table, so that a restarted peer knows the ring at once."""
+        entries = [entry.to_json() for entry in self.table.entries()]
+        data = json.dumps({"members": entries}).encode()
+        path = self.config.data_dir / "members.json"
+        await asyncio.to_thread(write_file_atomic, self.config.data_dir / "tmp", path, data)
+
+    def ring(self) -> Ring:
+        return Ring.build(
+            self.table.placement(), vnodes=self.config.vnodes, zone_aware=self.config.zone_aware
+        )
+
+    def _overlay_contacts(self) -> list[str]:
+        if self.overlay is None:
+            return []
+        return [f"{host}:{port}" for host, port in self.overlay.contacts()]
+
+    async def start_overlay(self) -> None:
+        if self.overlay is None:
+            return
+        await self.overlay.start(self.config.host, self.config.port)
+
+    async def run(self) -> None:
+        """The background loops, until cancelled (or until the peer has left)."""
+        async with asyncio.TaskGroup() as group:
+            if self.overlay is not None:
+                group.create_task(self.overlay.run())
+                group.create_task(self._join_overlay())
+            group.create_task(self.gossiper.run())
+            group.create_task(self._repair_when_ready())
+            group.create_task(self.scrubber.run())
+            group.create_task(self._leave_when_asked())
+
+    async def _join_overlay(self) -> None:
+        assert self.overlay is not None
+        contacts = await self.overlay.bootstrap(list(self.config.seeds))
+        own = json.dumps({"peer_id": self.config.peer_id, "address": self.config.address})
+        await self.overlay.announce(f"sr3/peer/{self.config.peer_id}", own.encode())
+        log.info(
+            "overlay: %d contacts after joining through %d seeds", contacts, len(self.config.seeds)
+        )
+
+    async def _repair_when_ready(self) -> None:
+        await self.gossiper.ready.wait()
+        await self.repairer.run()
+
+    async def _leave_when_asked(self) -> None:
+        await self.leaving.wait()
+        await self.leave()
+
+    async def leave(self) -> None:
+        """Hand over every chunk and record, then announce ``left``."""
+        log.info("peer %s is leaving: handing its data over", self.config.peer_id)
+        await self.gossiper.announce("leaving", ANNOUNCE_TIMEOUT_S)
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                while self.chunks.ids() or self.records.keys():
+                    await self.repairer.round()
+                    if self.chunks.ids() or self.records.keys():
+                        await asyncio.sleep(min(1.0, self.config.repair_interval_s))
+        except TimeoutError:
+            log.error("leaving: data not handed over within %.0f s", LEAVE_TIMEOUT_S)
+        await self.gossiper.announce("left", ANNOUNCE_TIMEOUT_S)
+        log.info("peer %s has left the ring", self.config.peer_id)
+        self.left.set()
+
+    async def stop(self) -> None:
+        """Tell the ring this peer stops, then close outgoing connections."""
+        if not self.left.is_set():
+            await self.gossiper.announce("stopped", ANNOUNCE_TIMEOUT_S)
+        if self.overlay is not None:
+            await self.overlay.stop()
+        await self.data_transport.close()
+        await self.control_transport.close()

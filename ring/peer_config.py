@@ -1,0 +1,45 @@
+"""The settings of one storage peer (``sr3 peer`` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ring.chunkstore import IO_CONCURRENCY_DEFAULT
+from ring.placement import VNODES_DEFAULT
+
+__all__ = ["PeerConfig"]
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    peer_id: str
+    host: str
+    port: int
+    data_dir: Path
+    secret: str
+    # host:port of peers to join through (the overlay bootstraps from them and the first
+    # gossip goes to them); empty for the first peer of a new ring.
+    seeds: tuple[str, ...] = ()
+    zone: str = ""
+    replication: int = 3
+    write_quorum: int = 2
+    vnodes: int = VNODES_DEFAULT
+    zone_aware: bool = False
+    capacity_bytes: int | None = None
+    io_concurrency: int = IO_CONCURRENCY_DEFAULT
+    # The address other peers and clients use, when it differs from host:port (containers).
+    advertise: str | None = None
+    failure_timeout_s: float = 5.0
+    removal_grace_s: float = 60.0
+    gossip_interval_s: float = 1.0
+    repair_interval_s: float = 10.0
+    repair_rate_bytes_s: float = 64e6
+    scrub_rate_bytes_s: float = 8e6
+    overlay: bool = True
+    # Seeds the generator that picks gossip partners, so a scenario replays.
+    rng_seed: int | None = None
+
+    @property
+    def address(self) -> str:
+        return self.advertise or f"{self.host}:{self.port}"

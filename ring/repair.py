@@ -1,0 +1,333 @@
+"""Self-healing: re-replication, hinted handoff, collection of extra copies, audits.
+
+Each peer runs rounds every ``interval_s``. A round looks at every chunk and record the
+peer holds, under the placement its member table gives now:
+
+1. asks the live peers that should also hold them which ones they have
+   (``POST /v1/chunks/exists`` and ``/v1/records/versions``, batched);
+2. applies ``ring.repair_plan``: the coordinator of each chunk pushes copies to live
+   preference members that lack it, hinted chunks go to their peer first, and an extra
+   copy is deleted once all R preference members are alive and hold it;
+3. audits the records it coordinates: a chunk a record references that no live peer
+   holds is counted as lost.
+
+Pushes go through a token bucket (``rate_bytes_s``) with at most ``transfers_max`` in
+flight, so foreground reads are not starved. The figures of the last finished round
+(under-replicated and lost chunks, bytes moved) are what ``/v1/info`` and ``sr3 status``
+report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ring.chunkstore import ChunkStore
+from ring.hints import HintStore
+from ring.membership import MemberTable
+from ring.placement import Member, Ring
+from ring.ratelimit import TokenBucket
+from ring.records import RecordStore
+from ring.repair_plan import plan_chunk, plan_record
+from sr3.errors import ChunkCorrupt, SR3Error
+from sr3.transport import Transport
+
+__all__ = ["RepairSettings", "Repairer", "RoundReport"]
+
+log = logging.getLogger(__name__)
+
+BATCH_IDS_MAX = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class RepairSettings:
+    replication: int
+    vnodes: int
+    zone_aware: bool
+    interval_s: float = 10.0
+    rate_bytes_s: float = 64e6
+    transfers_max: int = 2
+
+
+@dataclass(slots=True)
+class RoundReport:
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    chunks_checked: int = 0
+    chunks_under_replicated: int = 0
+    chunks_lost: int = 0
+    records_under_replicated: int = 0
+    chunks_pushed: int = 0
+    bytes_pushed: int = 0
+    extra_copies_deleted: int = 0
+    hints_delivered: int = 0
+    failures: int = 0
+    lost_examples: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Repairer:
+    def __init__(
+        self,
+        me: str,
+        table: MemberTable,
+        chunks: ChunkStore,
+        records: RecordStore,
+        hints: HintStore,
+        transport: Transport,
+        settings: RepairSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.me = me
+        self.table = table
+        self.chunks = chunks
+        self.records = records
+        self.hints = hints
+        self._transport = transport
+        self.settings = settings
+        self._clock = clock
+        self._bucket = TokenBucket(settings.rate_bytes_s, 8 * 1024 * 1024, time.monotonic)
+        self._slots = asyncio.Semaphore(settings.transfers_max)
+        self.last: RoundReport | None = None
+        self.rounds = 0
+        self.totals = RoundReport()
+
+    def ring(self) -> Ring:
+        return Ring.build(
+            self.table.placement(), vnodes=self.settings.vnodes, zone_aware=self.settings.zone_aware
+        )
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except SR3Error as exc:
+                log.warning(
+                    "repair round failed, next in %.0f s: %s", self.settings.interval_s, exc
+                )
+            await asyncio.sleep(self.settings.interval_s)
+
+    async def round(self) -> RoundReport:
+        report = RoundReport(started_at=self._clock())
+        ring = self.ring()
+        live = set(self.table.live())
+        members = {member.peer_id: member for member in ring.members}
+        await self._deliver_hints(members, live, report)
+        await self._repair_chunks(ring, members, live, report)
+        await self._repair_records(ring, members, live, report)
+        report.finished_at = self._clock()
+        self.last = report
+        self.rounds += 1
+        self._accumulate(report)
+        return report
+
+    def _accumulate(self, report: RoundReport) -> None:
+        for name in ("chunks_pushed", "bytes_pushed", "extra_copies_deleted", "hints_delivered"):
+            setattr(self.totals, name, getattr(self.totals, name) + getattr(report, name))
+
+    # -- asking peers -------------------------------------------------------------------
+
+    async def _which_have(self, member: Member, ids: list[str]) -> set[str] | None:
+        """The subset of ``ids`` that ``member`` holds, or None if it did not answer."""
+        present: set[str] = set()
+        for start in range(0, len(ids), BATCH_IDS_MAX):
+            batch = ids[start : start + BATCH_IDS_MAX]
+            try:
+                answer = await self._transport.request(
+                    member.address, "POST", "/v1/chunks/exists", body=_json({"ids": batch})
+                )
+                present.update(str(item) for item in answer.json()["present"])
+            except (SR3Error, KeyError, TypeError) as exc:
+                log.info("repair: %s did not say which chunks it holds: %s", member.peer_id, exc)
+                return None
+        return present
+
+    async def _holders(
+        self, wanted: Mapping[str, Collection[str]], members: Mapping[str, Member],
+        live: set[str],
+    ) -> dict[str, set[str]]:  # fmt: skip
+        """For each chunk id, the live peers (of those asked) that hold it; peers that do
+        not answer are dropped from ``live`` for the rest of the round."""
+        asked: dict[str, list[str]] = {}
+        for chunk_id, peers in wanted.items():
+            for peer_id in peers:
+                if peer_id != self.me and peer_id in live and peer_id in members:
+                    asked.setdefault(peer_id, []).append(chunk_id)
+        holders: dict[str, set[str]] = {chunk_id: set() for chunk_id in wanted}
+        async with asyncio.TaskGroup() as group:
+            tasks = {
+                peer_id: group.create_task(self._which_have(members[peer_id], ids))
+                for peer_id, ids in asked.items()
+            }
+        for peer_id, task in tasks.items():
+            present = task.result()
+            if present is None:
+                live.discard(peer_id)
+                continue
+            for chunk_id in present:
+                if chunk_id in holders:
+                    holders[chunk_id].add(peer_id)
+        return holders
+
+    # -- chunks -------------------------------------------------------------------------
+
+    async def _push_chunk(self, chunk_id: str, member: Member, report: RoundReport) -> bool:
+        async with self._slots:
+            try:
+                stored = await self.chunks.get(chunk_id)
+            except ChunkCorrupt:
+                report.failures += 1
+                return False
+            if stored is None:
+                return False
+            await self._bucket.acquire(len(stored))
+            try:
+                await self._transport.request(
+                    member.address, "PUT", f"/v1/chunks/{chunk_id}", body=stored
+                )
+            except SR3Error as exc:
+                log.info("repair: pushing %s to %s failed: %s", chunk_id, member.peer_id, exc)
+                report.failures += 1
+                return False
+        report.chunks_pushed += 1
+        report.bytes_pushed += len(stored)
+        return True
+
+    async def _deliver_hints(
+        self, members: Mapping[str, Member], live: set[str], report: RoundReport
+    ) -> None:
+        due = [(c, p) for c, p in self.hints.pending() if p in live and p in members]
+        if not due:
+            return
+
+        async def deliver(chunk_id: str, peer_id: str) -> None:
+            if not self.chunks.has(chunk_id) or await self._push_chunk(
+                chunk_id, members[peer_id], report
+            ):
+                await self.hints.remove(chunk_id, peer_id)
+                report.hints_delivered += 1
+
+        async with asyncio.TaskGroup() as group:
+            for chunk_id, peer_id in due:
+                group.create_task(deliver(chunk_id, peer_id))
+
+    async def _repair_chunks(
+        self, ring: Ring, members: Mapping[str, Member], live: set[str], report: RoundReport
+    ) -> None:
+        replication = self.settings.replication
+        preference = {
+            chunk_id: tuple(m.peer_id for m in ring.preference_list(chunk_id, replication))
+            for chunk_id in self.chunks.ids()
+        }
+        holders = await self._holders(preference, members, live)
+        report.chunks_checked = len(preference)
+        async with asyncio.TaskGroup() as group:
+            for chunk_id, wanted in preference.items():
+                action = plan_chunk(
+                    self.me, wanted, holders[chunk_id] | {self.me}, live, replication
+                )
+                report.chunks_under_replicated += action.under_replicated
+                for peer_id in action.push_to:
+                    group.create_task(self._push_chunk(chunk_id, members[peer_id], report))
+                if action.delete_local and await self.chunks.delete(chunk_id):
+                    report.extra_copies_deleted += 1
+
+    # -- records ------------------------------------------------------------------------
+
+    async def _versions(self, member: Member, keys: list[str]) -> dict[str, int] | None:
+        try:
+            answer = await self._transport.request(
+                member.address, "POST", "/v1/records/versions", body=_json({"keys": keys})
+            )
+            return {str(key): int(version) for key, version in answer.json()["versions"].items()}
+        except (SR3Error, KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.info("repair: %s did not give record versions: %s", member.peer_id, exc)
+            return None
+
+    async def _repair_records(
+        self, ring: Ring, members: Mapping[str, Member], live: set[str], report: RoundReport
+    ) -> None:
+        keys = self.records.keys()
+        preference = {
+            key: tuple(m.peer_id for m in ring.preference_list(key, self.settings.replication))
+            for key in keys
+        }
+        asked: dict[str, list[str]] = {}
+        for key, peers in preference.items():
+            for peer_id in peers:
+                if peer_id != self.me and peer_id in live:
+                    asked.setdefault(peer_id, []).append(key)
+        versions: dict[str, dict[str, int]] = {
+            key: {self.me: self.records.version(key)} for key in keys
+        }
+        for peer_id, peer_keys in asked.items():
+            answer = await self._versions(members[peer_id], peer_keys[:BATCH_IDS_MAX])
+            if answer is None:
+                live.discard(peer_id)
+                continue
+            for key in peer_keys:
+                versions[key][peer_id] = answer.get(key, 0)
+        for key in keys:
+            if versions[key][self.me] <= 0:
+                continue
+            action = plan_record(self.me, preference[key], versions[key], live)
+            report.records_under_replicated += bool(action.push_to)
+            for peer_id in action.push_to:
+                await self._push_record(key, members[peer_id], report)
+            if action.delete_local:
+                await self.records.delete_local(key)
+        await self._audit_refs(ring, members, live, preference, versions, report)
+
+    async def _push_record(self, key: str, member: Member, report: RoundReport) -> None:
+        record = await self.records.get(key)
+        if record is None:
+            return
+        try:
+            await self._transport.request(
+                member.address,
+                "PUT",
+                f"/v1/records/{key}?version={record.version}",
+                body=record.envelope(),
+            )
+        except SR3Error as exc:
+            log.info("repair: pushing record %s to %s failed: %s", key, member.peer_id, exc)
+            report.failures += 1
+
+    async def _audit_refs(
+        self, ring: Ring, members: Mapping[str, Member], live: set[str],
+        preference: Mapping[str, tuple[str, ...]], versions: Mapping[str, Mapping[str, int]],
+        report: RoundReport,
+    ) -> None:  # fmt: skip
+        """Count chunks referenced by the records this peer coordinates that no live peer
+        holds. The coordinator of a record is its first live preference member holding
+        the newest version."""
+        referenced: set[str] = set()
+        for key, wanted in preference.items():
+            newest = max(versions[key].values())
+            coordinator = next(
+                (p for p in wanted if p in live and versions[key].get(p, 0) == newest), None
+            )
+            if coordinator == self.me:
+                record = await self.records.get(key)
+                if record is not None:
+                    referenced.update(record.refs)
+        missing = {chunk_id for chunk_id in referenced if not self.chunks.has(chunk_id)}
+        if not missing:
+            return
+        everyone = {chunk_id: tuple(sorted(live)) for chunk_id in missing}
+        holders = await self._holders(everyone, members, set(live))
+        lost = sorted(chunk_id for chunk_id in missing if not holders[chunk_id])
+        report.chunks_lost = len(lost)
+        report.lost_examples = lost[:10]
+
+
+def _json(data: Any) -> bytes:
+    import json
+
+    return json.dumps(data, separators=(",", ":")).encode()

@@ -1,0 +1,107 @@
+"""The scrubber: re-reads every stored chunk at a bounded rate and heals corrupt ones.
+
+Disks rot silently. The scrubber walks the chunk store over and over, fully verifying
+each chunk (payload checksum, decompression, content address) at no more than
+``rate_bytes_s``. A chunk that fails is quarantined by the store and fetched again,
+verified, from a live replica; if none has a good copy, the scrubber reports it and the
+repair loop's audit counts it among the lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ring.chunkstore import ChunkStore
+from ring.membership import MemberTable
+from ring.placement import Ring
+from ring.ratelimit import TokenBucket
+from sr3 import codec
+from sr3.errors import ChunkCorrupt, SR3Error
+from sr3.transport import Transport
+
+__all__ = ["ScrubStats", "Scrubber"]
+
+log = logging.getLogger(__name__)
+
+IDLE_PAUSE_S = 1.0
+
+
+@dataclass(slots=True)
+class ScrubStats:
+    passes: int = 0
+    chunks_verified: int = 0
+    bytes_verified: int = 0
+    corrupt_found: int = 0
+    repaired: int = 0
+    unrepaired: int = 0
+
+
+class Scrubber:
+    def __init__(
+        self,
+        me: str,
+        chunks: ChunkStore,
+        table: MemberTable,
+        ring: Callable[[], Ring],
+        transport: Transport,
+        *,
+        replication: int,
+        rate_bytes_s: float,
+    ) -> None:
+        self.me = me
+        self.chunks = chunks
+        self.table = table
+        self._ring = ring
+        self._transport = transport
+        self._replication = replication
+        self._bucket = TokenBucket(rate_bytes_s, 4 * 1024 * 1024, time.monotonic)
+        self.stats = ScrubStats()
+
+    async def run(self) -> None:
+        while True:
+            await self.scrub_pass()
+            await asyncio.sleep(IDLE_PAUSE_S)
+
+    async def scrub_pass(self) -> None:
+        for chunk_id in self.chunks.ids():
+            size = self.chunks.stored_size(chunk_id)
+            if size is None:
+                continue
+            await self._bucket.acquire(size)
+            try:
+                if await self.chunks.verify(chunk_id):
+                    self.stats.chunks_verified += 1
+                    self.stats.bytes_verified += size
+            except ChunkCorrupt:
+                self.stats.corrupt_found += 1
+                await self.restore(chunk_id)
+        self.stats.passes += 1
+
+    async def restore(self, chunk_id: str) -> bool:
+        """Fetch a good copy of ``chunk_id`` from a live replica and store it again."""
+        live = self.table.live()
+        for member in self._ring().candidates(chunk_id, self._replication):
+            if member.peer_id == self.me or member.peer_id not in live:
+                continue
+            try:
+                answer = await self._transport.request(
+                    member.address,
+                    "GET",
+                    f"/v1/chunks/{chunk_id}",
+                    body_bytes_max=codec.STORED_BYTES_MAX,
+                )
+                await asyncio.to_thread(codec.decode, answer.body, chunk_id)
+                await self.chunks.put(chunk_id, answer.body)
+            except SR3Error as exc:
+                log.info("scrubber: %s could not give %s: %s", member.peer_id, chunk_id, exc)
+                continue
+            log.warning("scrubber: restored corrupt chunk %s from %s", chunk_id, member.peer_id)
+            self.stats.repaired += 1
+            return True
+        log.error("scrubber: no live replica has a good copy of %s", chunk_id)
+        self.stats.unrepaired += 1
+        return False
