@@ -1,6 +1,20 @@
-"""Recovery plans (star, line, tree), their cost model, executors and drills.
+"""Recovery: plans (star, line, tree), the cost model that picks one, the executor that
+fetches a manifest's chunks along a plan, and multi-failure drills."""
 
-Not built yet: the recovery topologies arrive with a later capability.
-"""
+from recovery.cost import Choice, Estimate, Network, Workload, choose, estimate
+from recovery.plan import TOPOLOGIES, ChunkSpec, Plan, PlanNode, Topology, build_plan
 
-__all__: list[str] = []
+__all__ = [
+    "TOPOLOGIES",
+    "Choice",
+    "ChunkSpec",
+    "Estimate",
+    "Network",
+    "Plan",
+    "PlanNode",
+    "Topology",
+    "Workload",
+    "build_plan",
+    "choose",
+    "estimate",
+]

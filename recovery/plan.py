@@ -18,7 +18,6 @@ largest chunk first, to the least loaded of its holders; ties by preference orde
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -182,9 +181,13 @@ def build_plan(topology: Topology, chunks: Sequence[ChunkSpec], *, fan_in: int =
 
 
 def tree_depth(holders: int, fan_in: int) -> int:
-    """Levels of a complete ``fan_in``-ary tree over ``holders`` nodes."""
-    if holders <= 1:
-        return holders
-    if fan_in == 1:
-        return holders
-    return math.ceil(math.log(holders * (fan_in - 1) + 1, fan_in))
+    """Levels of a complete ``fan_in``-ary tree over ``holders`` nodes (as ``plan_tree``
+    builds it). Integer arithmetic: logarithms misjudge exact powers."""
+    if fan_in < 1:
+        raise ValueError("a tree needs a fan-in of at least 1")
+    depth, capacity, level = 0, 0, 1
+    while capacity < holders:
+        depth += 1
+        capacity += level
+        level *= fan_in
+    return depth
