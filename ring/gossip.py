@@ -5,6 +5,11 @@ table with up to ``fanout`` peers chosen with a seeded generator (``POST /v1/gos
 each side merges what the other knows. A peer that knows nobody yet (it is joining)
 gossips with its seeds and with the contacts the Kademlia overlay found. Tables are
 bounded (``MEMBERS_MAX`` entries), so are requests (timeouts) and rounds (``fanout``).
+
+Exchanges run alongside the beat, at most one per peer at a time: a peer that accepts
+connections but never answers (frozen, SIGSTOPped) costs one exchange timeout in the
+background. Waiting for it would slow this peer's own heartbeat below the failure
+timeout's pace, and the others would take this healthy peer for down too.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from ring.membership import MEMBERS_MAX, Entry, MemberTable
@@ -96,7 +101,8 @@ class Gossiper:
         self.ready.set()
         return True
 
-    def targets(self) -> list[str]:
+    def targets(self, busy: Collection[str] = ()) -> list[str]:
+        """Up to ``fanout`` peers to exchange with, none of those in ``busy``."""
         me = self.table.me
         states = self.table.states()
         known = [
@@ -104,34 +110,51 @@ class Gossiper:
             for entry in self.table.entries()
             if entry.peer_id != me and states[entry.peer_id] in ("up", "down")
         ]
-        chosen = self._rng.sample(known, min(self.fanout, len(known)))
         if not known:
             own = self.table.own.address
-            strangers = sorted((set(self._seeds) | set(self._contacts())) - {own})
-            chosen = self._rng.sample(strangers, min(self.fanout, len(strangers)))
-        return chosen
+            known = sorted((set(self._seeds) | set(self._contacts())) - {own})
+        idle = [address for address in known if address not in busy]
+        return self._rng.sample(idle, min(self.fanout, len(idle)))
 
     async def round(self) -> None:
+        """Beat and exchange with ``fanout`` peers, waiting for every exchange."""
         self.table.beat()
-        targets = self.targets()
         async with asyncio.TaskGroup() as group:
-            for address in targets:
+            for address in self.targets():
                 group.create_task(self.exchange(address))
+        await self._finish_round()
+
+    async def _finish_round(self) -> None:
         self.rounds += 1
         if self._changed and self.on_change is not None:
             self._changed = False
             await self.on_change()
 
     async def run(self) -> None:
+        """Beat every ``interval_s`` and start exchanges with peers not already being
+        exchanged with; the exchanges finish (each within its timeout) in the background."""
         started = asyncio.get_running_loop().time()
-        while True:
-            await self.round()
-            if not self.ready.is_set():
-                waited = asyncio.get_running_loop().time() - started
-                if not self.targets() or waited >= self.ready_after_s:
-                    log.info("gossip: nobody answered yet; serving with the table we have")
-                    self.ready.set()
-            await asyncio.sleep(self.interval_s)
+        busy: set[str] = set()
+
+        async def exchange(address: str) -> None:
+            try:
+                await self.exchange(address)
+            finally:
+                busy.discard(address)
+
+        async with asyncio.TaskGroup() as group:
+            while True:
+                self.table.beat()
+                for address in self.targets(busy):
+                    busy.add(address)
+                    group.create_task(exchange(address))
+                await self._finish_round()
+                if not self.ready.is_set():
+                    waited = asyncio.get_running_loop().time() - started
+                    if not self.targets() or waited >= self.ready_after_s:
+                        log.info("gossip: nobody answered yet; serving with the table we have")
+                        self.ready.set()
+                await asyncio.sleep(self.interval_s)
 
     async def announce(self, status: str, timeout_s: float) -> None:
         """Set our status and tell every known peer at once (stop, leave)."""

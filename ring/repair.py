@@ -292,7 +292,7 @@ class Repairer:
             await self._transport.request(
                 member.address,
                 "PUT",
-                f"/v1/records/{key}?version={record.version}",
+                f"/v1/records/{key}?version={record.version}&refs={len(record.refs)}",
                 body=record.envelope(),
             )
         except SR3Error as exc:
