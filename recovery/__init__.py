@@ -2,6 +2,7 @@
 fetches a manifest's chunks along a plan, and multi-failure drills."""
 
 from recovery.cost import Choice, Estimate, Network, Workload, choose, estimate
+from recovery.executor import RecoveryResult, locate, recover, recover_blob
 from recovery.plan import TOPOLOGIES, ChunkSpec, Plan, PlanNode, Topology, build_plan
 
 __all__ = [
@@ -12,9 +13,13 @@ __all__ = [
     "Network",
     "Plan",
     "PlanNode",
+    "RecoveryResult",
     "Topology",
     "Workload",
     "build_plan",
     "choose",
     "estimate",
+    "locate",
+    "recover",
+    "recover_blob",
 ]

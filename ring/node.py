@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ring.membership import Entry, MemberTable, Timeouts
 from ring.overlay import Overlay
 from ring.peer_config import PeerConfig
 from ring.placement import Ring
+from ring.ratelimit import TokenBucket
 from ring.records import RecordStore
 from ring.repair import Repairer, RepairSettings
 from ring.scrubber import Scrubber
@@ -39,6 +41,9 @@ log = logging.getLogger(__name__)
 ANNOUNCE_TIMEOUT_S = 2.0
 LEAVE_TIMEOUT_S = 600.0
 CONTROL_TIMEOUTS = TransportTimeouts(connect_s=1.0, read_s=3.0)
+# Burst of the emulated egress link: small next to a chunk, so the cap holds over
+# fractions of a second.
+EGRESS_BURST_BYTES = 64 * 1024
 
 
 def _next_epoch(data_dir: Path, peer_id: str) -> int:
@@ -82,6 +87,9 @@ class Node:
         self.hints = HintStore(config.data_dir)
         self.data_transport = Transport(config.secret)
         self.control_transport = Transport(config.secret, timeouts=CONTROL_TIMEOUTS)
+        # Emulated egress link (``--egress-rate``), shared by chunk reads and recovery
+        # streams so that both draw on one budget.
+        self.egress = TokenBucket(config.egress_rate_bytes_s, EGRESS_BURST_BYTES, time.monotonic)
         self.overlay: Overlay | None = (
             Overlay(config.secret, config.peer_id, clock=clock) if config.overlay else None
         )
@@ -157,6 +165,11 @@ class Node:
         data = json.dumps({"members": entries}).encode()
         path = self.config.data_dir / "members.json"
         await asyncio.to_thread(write_file_atomic, self.config.data_dir / "tmp", path, data)
+
+    async def emulate_latency(self) -> None:
+        """Wait ``--added-latency`` (network emulation) before answering a data request."""
+        if self.config.added_latency_ms > 0:
+            await asyncio.sleep(self.config.added_latency_ms / 1000.0)
 
     def ring(self) -> Ring:
         return Ring.build(

@@ -13,7 +13,8 @@ HTTP API (all under ``/v1`` except metrics; every route but health is authentica
                                           with a hint, on behalf of an unreachable PEER
     GET    /v1/chunks/{id}                a chunk's stored form, verified before it is sent
     HEAD   /v1/chunks/{id}                200 if present, 404 if not
-    POST   /v1/chunks/exists              {"ids": [...]} -> {"present": [...]}
+    POST   /v1/chunks/exists              {"ids": [...]} -> {"present": [...]}; with
+                                          "sizes": true also {"stored_bytes": {id: n}}
     GET    /v1/records?prefix=P&limit=N   record keys and versions
     GET    /v1/records/{key}              value as body, version in X-SR3-Version
     POST   /v1/records/versions           {"keys": [...]} -> {"versions": {key: n}}
@@ -21,6 +22,13 @@ HTTP API (all under ``/v1`` except metrics; every route but health is authentica
     PUT    /v1/records/{key}?version=N[&refs=K]           repair copy, kept if newer
     DELETE /v1/records/{key}?expected_version=N
     GET    /metrics                       Prometheus text (signed, or the metrics bearer token)
+
+Extensions add routes from outside ``ring`` (``build_app(node, extensions)``), behind the
+same authentication; ``sr3 peer`` installs ``POST /v1/recovery/stream`` from
+``recovery.relay``.
+
+Network emulation (``--egress-rate``, ``--added-latency``): chunk reads wait the added
+latency, then draw their bytes from the node's egress token bucket before they are sent.
 
 The peer never crashes on input: every handler error becomes a 4xx or 5xx JSON answer.
 """
@@ -30,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -52,7 +60,7 @@ from sr3.errors import (
     StorageFull,
 )
 
-__all__ = ["PeerConfig", "build_app"]
+__all__ = ["AppExtension", "PeerConfig", "build_app"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +73,8 @@ HEADER_LINE_BYTES_MAX = 8190
 HEADERS_MAX = 64
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Adds routes to a peer's application (they pass through ``Peer.guard``).
+AppExtension = Callable[[web.Application, Node], None]
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -305,9 +315,11 @@ class Peer:
 
     async def get_chunk(self, request: web.Request) -> web.Response:
         chunk_id = self._chunk_id(request)
+        await self.node.emulate_latency()
         stored = await self.chunks.get(chunk_id)
         if stored is None:
             return _error(404, "not_found", f"chunk {chunk_id} is not stored here")
+        await self.node.egress.acquire(len(stored))
         self.metrics.chunk_bytes_read.inc(len(stored))
         return web.Response(body=stored, content_type="application/octet-stream")
 
@@ -318,12 +330,18 @@ class Peer:
         return web.Response(status=200, headers={"X-SR3-Stored-Bytes": str(size)})
 
     async def chunks_exist(self, request: web.Request) -> web.Response:
-        ids = _json_body(await request.read()).get("ids")
+        query = _json_body(await request.read())
+        ids = query.get("ids")
         if not isinstance(ids, list) or len(ids) > EXISTS_IDS_MAX:
             raise ProtocolError(f"'ids' must be a list of at most {EXISTS_IDS_MAX} chunk ids")
         if not all(isinstance(item, str) and codec.is_chunk_id(item) for item in ids):
             raise ProtocolError("every id must be 32 lowercase hex digits")
-        return web.json_response({"present": [item for item in ids if self.chunks.has(item)]})
+        present = [item for item in ids if self.chunks.has(item)]
+        answer: dict[str, Any] = {"present": present}
+        if query.get("sizes") is True:
+            sizes = {item: self.chunks.stored_size(item) for item in present}
+            answer["stored_bytes"] = {i: n for i, n in sizes.items() if n is not None}
+        return web.json_response(answer)
 
     # -- records ------------------------------------------------------------------------
 
@@ -401,8 +419,8 @@ def _json_body(body: bytes) -> dict[str, Any]:
     return parsed
 
 
-def build_app(node: Node) -> web.Application:
-    """The HTTP application of an opened ``Node``."""
+def build_app(node: Node, extensions: Sequence[AppExtension] = ()) -> web.Application:
+    """The HTTP application of an opened ``Node``, with the routes ``extensions`` add."""
     peer = Peer(node)
     app = web.Application(middlewares=[peer.guard], client_max_size=REQUEST_BYTES_MAX)
     app["peer"] = peer
@@ -423,6 +441,8 @@ def build_app(node: Node) -> web.Application:
     router.add_get("/v1/records/{key:.+}", peer.get_record)
     router.add_put("/v1/records/{key:.+}", peer.put_record)
     router.add_delete("/v1/records/{key:.+}", peer.delete_record)
+    for extension in extensions:
+        extension(app, node)
     return app
 
 

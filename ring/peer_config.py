@@ -39,6 +39,11 @@ class PeerConfig:
     overlay: bool = True
     # Seeds the generator that picks gossip partners, so a scenario replays.
     rng_seed: int | None = None
+    # Network emulation (for drills and benchmarks on one machine, not a production
+    # control): a cap on the bytes this peer sends in chunk reads and recovery streams
+    # (0: none), and a delay before it answers a chunk read or starts a recovery stream.
+    egress_rate_bytes_s: float = 0.0
+    added_latency_ms: float = 0.0
 
     @property
     def address(self) -> str:

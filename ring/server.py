@@ -7,11 +7,12 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Sequence
 
 from aiohttp import web
 
 from ring.node import Node
-from ring.peer import build_app, runner_options
+from ring.peer import AppExtension, build_app, runner_options
 from ring.peer_config import PeerConfig
 
 __all__ = ["run_peer", "serve"]
@@ -21,12 +22,20 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 10.0
 
 
-async def serve(config: PeerConfig, stop: asyncio.Event) -> None:
-    """Serve ``config``'s peer until ``stop`` is set or the peer has left the ring."""
+async def serve(
+    config: PeerConfig, stop: asyncio.Event, *, extensions: Sequence[AppExtension] = ()
+) -> None:
+    """Serve ``config``'s peer until ``stop`` is set or the peer has left the ring.
+
+    ``extensions`` add routes to the peer's API (``sr3 peer`` passes the recovery relay;
+    ``ring`` itself does not know about recovery)."""
     node = Node(config, time.time)
     node.open()
     runner = web.AppRunner(
-        build_app(node), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **runner_options()
+        build_app(node, extensions),
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        **runner_options(),
     )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
@@ -47,7 +56,7 @@ async def serve(config: PeerConfig, stop: asyncio.Event) -> None:
         await runner.cleanup()
 
 
-def run_peer(config: PeerConfig) -> None:
+def run_peer(config: PeerConfig, *, extensions: Sequence[AppExtension] = ()) -> None:
     """Blocking entry point of ``sr3 peer``."""
 
     async def main() -> None:
@@ -55,6 +64,6 @@ def run_peer(config: PeerConfig) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await serve(config, stop)
+        await serve(config, stop, extensions=extensions)
 
     asyncio.run(main())

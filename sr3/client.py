@@ -203,6 +203,11 @@ class Client:
     async def close(self) -> None:
         await self._transport.close()
 
+    @property
+    def transport(self) -> Transport:
+        """The signed, pooled transport to peers (recovery streams use it directly)."""
+        return self._transport
+
     # -- ring ---------------------------------------------------------------------------
 
     async def ring(self, *, refresh: bool = False) -> _RingView:
@@ -596,6 +601,17 @@ class Client:
                         return
         except TimeoutError as exc:
             raise SR3Error(f"{peer_id} has not left the ring after {timeout_s:.0f} s") from exc
+
+    async def admin_kill(self, peer_id: str) -> None:
+        """Make ``peer_id`` exit at once, as if SIGKILLed (drills on a running ring). The
+        peer must have been started with ``--enable-admin-kill``; otherwise it answers 403."""
+        view = await self.ring()
+        try:
+            member = view.ring.member(peer_id)
+        except KeyError as exc:
+            raise NotFound(f"no peer {peer_id!r} in the ring") from exc
+        await self._transport.request(member.address, "POST", "/v1/admin/kill", ok=(202,))
+        self._mark_down(member)
 
     async def _probe(self, entry: Mapping[str, Any], ownership: float) -> PeerStatus:
         peer_id, address = str(entry["peer_id"]), str(entry["address"])

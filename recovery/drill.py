@@ -1,0 +1,248 @@
+"""Multi-failure recovery drills: write state, kill K peers at once, recover the state
+along each requested topology, verify it byte for byte, wait for the ring to heal, and
+report.
+
+The drill is independent of how peers are killed: the caller passes ``kill`` (SIGKILL
+of local processes, or the authenticated admin endpoint of a remote ring). When K >= R
+some chunks may have lost every replica: the drill then reports which state became
+unrecoverable (``bytes_lost``, ``missing_chunks``) instead of pretending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from recovery.cost import Choice, Network, Workload, choose
+from recovery.executor import RecoveryResult, locate, recover_blob
+from recovery.plan import TOPOLOGIES, Topology
+from sr3.blobs import BlobRef
+from sr3.client import Client
+from sr3.errors import DataUnavailable
+
+__all__ = ["DrillOptions", "DrillReport", "TopologyResult", "run_drill", "write_plot"]
+
+MB = 1_000_000
+HEAL_TIMEOUT_S = 600.0
+HEAL_POLL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class DrillOptions:
+    fail: int
+    topologies: tuple[str, ...]  # star, line, tree, auto
+    seed: int
+    peer_bytes_s: float | None = None
+    requester_bytes_s: float | None = None
+    latency_ms: float = 0.0
+    fan_in: int = 4
+    connections_max: int = 8
+    heal_timeout_s: float = HEAL_TIMEOUT_S
+
+
+@dataclass(slots=True)
+class TopologyResult:
+    topology: str
+    recovery_s: float | None
+    bytes: int
+    throughput_mb_s: float | None
+    max_fan_in: int | None
+    verified: bool
+    bytes_lost: int
+    chosen_by_auto: bool
+    estimated_s: float | None = None
+    rerouted_chunks: int = 0
+    missing_chunks: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class DrillReport:
+    seed: int
+    peers: int
+    replication: int
+    fail: int
+    state_bytes: int
+    failed_peers: list[str]
+    heal_s: float | None
+    network: dict[str, Any]
+    auto: dict[str, Any]
+    results: list[TopologyResult]
+    chunks_lost_after_heal: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _digest(path: Path) -> str:
+    hasher = xxhash.xxh3_128()
+    with open(path, "rb") as handle:
+        while block := handle.read(8 * 1024 * 1024):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+def _network(options: DrillOptions) -> Network:
+    return Network(
+        peer_bytes_s=options.peer_bytes_s,
+        requester_bytes_s=options.requester_bytes_s,
+        rtt_s=0.0005 + 2 * options.latency_ms / 1000.0,
+        connections_max=options.connections_max,
+        tree_fan_in=options.fan_in,
+    )
+
+
+async def _choose(client: Client, ref: BlobRef, options: DrillOptions, replication: int) -> Choice:
+    specs = await locate(client, sorted({e.chunk_id for e in ref.extents}))
+    holders = {holder for spec in specs for holder in spec.holders}
+    workload = Workload(
+        state_bytes=sum(spec.stored_bytes for spec in specs),
+        chunks=len(specs),
+        holders=max(len(holders), 1),
+        failed_peers=options.fail,
+        replication=replication,
+    )
+    return choose(workload, _network(options))
+
+
+def _lost(ref: BlobRef, missing: Sequence[str]) -> int:
+    gone = set(missing)
+    return sum(extent.length for extent in ref.extents if extent.chunk_id in gone)
+
+
+async def _recover_one(
+    client: Client, ref: BlobRef, topology: Topology, out: Path, digest: str,
+    options: DrillOptions,
+) -> tuple[RecoveryResult | None, TopologyResult]:  # fmt: skip
+    try:
+        result = await recover_blob(
+            client, ref, out, topology, fan_in=options.fan_in,
+            connections_max=options.connections_max, ingress_bytes_s=options.requester_bytes_s,
+        )  # fmt: skip
+    except DataUnavailable as exc:
+        missing = sorted(set(exc.missing))
+        return None, TopologyResult(
+            topology, None, ref.size, None, None, False, _lost(ref, missing), False,
+            missing_chunks=missing, error=str(exc)[:300],
+        )  # fmt: skip
+    verified = await asyncio.to_thread(_digest, out) == digest
+    await asyncio.to_thread(out.unlink, True)
+    return result, TopologyResult(
+        topology, round(result.seconds, 3), ref.size,
+        round(ref.size / MB / max(result.seconds, 1e-9), 1), result.max_fan_in, verified, 0,
+        False, rerouted_chunks=len(result.rerouted),
+    )  # fmt: skip
+
+
+async def _wait_heal(client: Client, timeout_s: float) -> tuple[float | None, int]:
+    """Seconds until no chunk is under-replicated (None on timeout), and lost chunks."""
+    started = time.monotonic()
+    settled_rounds: dict[str, int] | None = None
+    while time.monotonic() - started < timeout_s:
+        status = await client.status()
+        live = [peer for peer in status.peers if peer.state == "up"]
+        removed = all(p.ring_state in ("up", "removed", "left") for p in status.peers)
+        if removed and status.chunks_under_replicated == 0 and live:
+            rounds = {p.peer_id: p.repair_rounds or 0 for p in live}
+            if settled_rounds is None:
+                settled_rounds = rounds
+            elif all(rounds[p] > settled_rounds.get(p, 0) for p in rounds):
+                return time.monotonic() - started, status.chunks_lost
+        else:
+            settled_rounds = None
+        await asyncio.sleep(HEAL_POLL_S)
+    return None, (await client.status()).chunks_lost
+
+
+def _topology(name: str) -> Topology:
+    for topology in TOPOLOGIES:
+        if topology == name:
+            return topology
+    raise ValueError(f"unknown topology {name!r}")
+
+
+def write_plot(report: DrillReport, path: Path) -> None:
+    """A PNG comparing the topologies' recovery time and throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    done = [r for r in report.results if r.recovery_s is not None]
+    names = [r.topology + (" (auto)" if r.chosen_by_auto else "") for r in done]
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(10, 4))
+    left.bar(names, [r.recovery_s or 0.0 for r in done], color="#4477aa", label="measured")
+    left.scatter(names, [r.estimated_s or 0.0 for r in done], color="#cc6677", zorder=3,
+                 label="cost model")  # fmt: skip
+    left.set_ylabel("recovery time (s)")
+    left.legend()
+    right.bar(names, [r.throughput_mb_s or 0.0 for r in done], color="#228833")
+    right.set_ylabel("throughput (MB/s)")
+    network = report.network
+    figure.suptitle(
+        f"sr3 drill: {report.peers} peers, R={report.replication}, {report.fail} killed, "
+        f"{report.state_bytes / 2**20:.0f} MiB; peer {_rate(network['peer_bytes_s'])}, "
+        f"requester {_rate(network['requester_bytes_s'])}, +{network['latency_ms']:g} ms"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+
+
+def _rate(value: float | None) -> str:
+    return "unlimited" if value is None else f"{value / MB:g} MB/s"
+
+
+async def run_drill(
+    client: Client,
+    state_path: Path,
+    work: Path,
+    options: DrillOptions,
+    kill: Callable[[list[str]], Awaitable[None]],
+) -> DrillReport:
+    """Store ``state_path``, kill ``options.fail`` peers, recover with each topology."""
+    view = await client.ring(refresh=True)
+    peers = [member.peer_id for member in view.ring.members]
+    if options.fail >= len(peers):
+        raise ValueError(f"cannot kill {options.fail} of {len(peers)} peers and still recover")
+    ref = await client.store_file(state_path, "drill/state")
+    digest = await asyncio.to_thread(_digest, state_path)
+    victims = sorted(random.Random(options.seed).sample(peers, options.fail))
+    await kill(victims)
+    choice = await _choose(client, ref, options, view.replication)
+    wanted = [t for t in TOPOLOGIES if t in options.topologies or "all" in options.topologies]
+    if "auto" in options.topologies and choice.topology not in wanted:
+        wanted.append(_topology(choice.topology))
+    estimates = {estimate.topology: estimate for estimate in choice.estimates}
+    results = []
+    for topology in wanted:
+        _, entry = await _recover_one(
+            client, ref, topology, work / f"recovered-{topology}.bin", digest, options
+        )
+        entry.chosen_by_auto = topology == choice.topology
+        entry.estimated_s = round(estimates[topology].seconds, 3)
+        results.append(entry)
+    heal_s, lost = await _wait_heal(client, options.heal_timeout_s)
+    return DrillReport(
+        seed=options.seed, peers=len(peers), replication=view.replication, fail=options.fail,
+        state_bytes=ref.size, failed_peers=victims,
+        heal_s=round(heal_s, 2) if heal_s is not None else None,
+        network={
+            "peer_bytes_s": options.peer_bytes_s,
+            "requester_bytes_s": options.requester_bytes_s,
+            "latency_ms": options.latency_ms,
+        },
+        auto={
+            "topology": choice.topology,
+            "reason": choice.reason,
+            "estimates": [asdict(estimate) for estimate in choice.estimates],
+        },
+        results=results, chunks_lost_after_heal=lost,
+    )  # fmt: skip
