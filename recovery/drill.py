@@ -60,6 +60,8 @@ class TopologyResult:
     estimated_s: float | None = None
     rerouted_chunks: int = 0
     missing_chunks: list[str] = field(default_factory=list)
+    # Byte ranges [offset, length] of the state that no live replica could give back.
+    lost_ranges: list[list[int]] = field(default_factory=list)
     error: str | None = None
 
 
@@ -112,9 +114,30 @@ async def _choose(client: Client, ref: BlobRef, options: DrillOptions, replicati
     return choose(workload, _network(options))
 
 
-def _lost(ref: BlobRef, missing: Sequence[str]) -> int:
+async def _warm_up(client: Client, work: Path, options: DrillOptions) -> None:
+    """One small recovery per topology before the failures: opens connections and code
+    paths, so the first measured topology does not pay for them."""
+    ref = await client.put_blob(b"sr3 drill warm-up " * 4096)
+    for topology in TOPOLOGIES:
+        await recover_blob(
+            client, ref, work / "warm-up.bin", topology, fan_in=options.fan_in,
+            connections_max=options.connections_max,
+        )  # fmt: skip
+    await asyncio.to_thread((work / "warm-up.bin").unlink, True)
+
+
+def _lost_ranges(ref: BlobRef, missing: Sequence[str]) -> list[list[int]]:
     gone = set(missing)
-    return sum(extent.length for extent in ref.extents if extent.chunk_id in gone)
+    ranges: list[list[int]] = []
+    offset = 0
+    for extent in ref.extents:
+        if extent.chunk_id in gone:
+            if ranges and ranges[-1][0] + ranges[-1][1] == offset:
+                ranges[-1][1] += extent.length
+            else:
+                ranges.append([offset, extent.length])
+        offset += extent.length
+    return ranges
 
 
 async def _recover_one(
@@ -128,9 +151,10 @@ async def _recover_one(
         )  # fmt: skip
     except DataUnavailable as exc:
         missing = sorted(set(exc.missing))
+        ranges = _lost_ranges(ref, missing)
         return None, TopologyResult(
-            topology, None, ref.size, None, None, False, _lost(ref, missing), False,
-            missing_chunks=missing, error=str(exc)[:300],
+            topology, None, ref.size, None, None, False, sum(r[1] for r in ranges), False,
+            missing_chunks=missing, lost_ranges=ranges, error=str(exc)[:300],
         )  # fmt: skip
     verified = await asyncio.to_thread(_digest, out) == digest
     await asyncio.to_thread(out.unlink, True)
@@ -214,12 +238,15 @@ async def run_drill(
         raise ValueError(f"cannot kill {options.fail} of {len(peers)} peers and still recover")
     ref = await client.store_file(state_path, "drill/state")
     digest = await asyncio.to_thread(_digest, state_path)
+    await _warm_up(client, work, options)
     victims = sorted(random.Random(options.seed).sample(peers, options.fail))
     await kill(victims)
     choice = await _choose(client, ref, options, view.replication)
     wanted = [t for t in TOPOLOGIES if t in options.topologies or "all" in options.topologies]
     if "auto" in options.topologies and choice.topology not in wanted:
         wanted.append(_topology(choice.topology))
+    # A seeded order, so that no topology always runs first on cold caches.
+    random.Random(options.seed ^ 0x0D81).shuffle(wanted)
     estimates = {estimate.topology: estimate for estimate in choice.estimates}
     results = []
     for topology in wanted:

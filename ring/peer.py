@@ -9,6 +9,8 @@ HTTP API (all under ``/v1`` except metrics; every route but health is authentica
     GET    /v1/members                    the whole member table with each peer's liveness
     POST   /v1/gossip                     {"members": [...]} -> our table (heartbeats)
     POST   /v1/admin/leave                start leaving the ring (hand data over, then exit)
+    POST   /v1/admin/kill                 exit at once like SIGKILL (drills on a running ring;
+                                          403 unless the peer runs with --enable-admin-kill)
     PUT    /v1/chunks/{id}[?hint=PEER]    store a chunk (body: stored form, see sr3.codec);
                                           with a hint, on behalf of an unreachable PEER
     GET    /v1/chunks/{id}                a chunk's stored form, verified before it is sent
@@ -37,6 +39,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
@@ -284,6 +288,17 @@ class Peer:
         self.node.leaving.set()
         return web.json_response({"peer_id": self.config.peer_id, "status": "leaving"}, status=202)
 
+    async def kill(self, request: web.Request) -> web.Response:
+        """Die without any cleanup, as SIGKILL would, once this answer is on its way."""
+        if not self.config.admin_kill:
+            return _error(403, "forbidden", "admin kill is off (start with --enable-admin-kill)")
+        log.warning("peer %s killed through the admin endpoint", self.config.peer_id)
+        response = web.json_response({"peer_id": self.config.peer_id, "killed": True}, status=202)
+        await response.prepare(request)
+        await response.write_eof()
+        os.kill(os.getpid(), signal.SIGKILL)
+        return response
+
     async def metrics_text(self, request: web.Request) -> web.Response:
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -431,6 +446,7 @@ def build_app(node: Node, extensions: Sequence[AppExtension] = ()) -> web.Applic
     router.add_get("/v1/members", peer.members)
     router.add_post("/v1/gossip", peer.gossip)
     router.add_post("/v1/admin/leave", peer.leave)
+    router.add_post("/v1/admin/kill", peer.kill)
     router.add_get("/metrics", peer.metrics_text)
     router.add_put("/v1/chunks/{chunk_id}", peer.put_chunk)
     router.add_get("/v1/chunks/{chunk_id}", peer.get_chunk, allow_head=False)

@@ -44,6 +44,8 @@ class PeerConfig:
     # (0: none), and a delay before it answers a chunk read or starts a recovery stream.
     egress_rate_bytes_s: float = 0.0
     added_latency_ms: float = 0.0
+    # Serve POST /v1/admin/kill (drills on a running ring); off by default.
+    admin_kill: bool = False
 
     @property
     def address(self) -> str:

@@ -171,6 +171,10 @@ def _seeds(text: str) -> tuple[str, ...]:
     "or starting a recovery stream.",
 )  # fmt: skip
 @click.option(
+    "--enable-admin-kill", "admin_kill", is_flag=True, envvar="SR3_ENABLE_ADMIN_KILL",
+    help="Let `sr3 drill --ring` kill this peer through POST /v1/admin/kill (off by default).",
+)  # fmt: skip
+@click.option(
     "--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="File holding the cluster secret (else SR3_SECRET).",
 )  # fmt: skip
@@ -183,7 +187,7 @@ def peer(
     vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
     removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
     scrub_rate: str, overlay: bool, rng_seed: int | None, egress_rate: str,
-    added_latency_ms: float, secret_file: Path | None, log_level: str,
+    added_latency_ms: float, admin_kill: bool, secret_file: Path | None, log_level: str,
 ) -> None:  # fmt: skip
     """Run one storage peer in the foreground until SIGTERM or Ctrl-C (`sr3 peer leave`
     makes a peer leave the ring for good).
@@ -221,6 +225,7 @@ def peer(
         repair_interval_s=repair_interval, repair_rate_bytes_s=_rate(repair_rate),
         scrub_rate_bytes_s=_rate(scrub_rate), overlay=overlay, rng_seed=rng_seed,
         egress_rate_bytes_s=_rate(egress_rate), added_latency_ms=added_latency_ms,
+        admin_kill=admin_kill,
     )  # fmt: skip
     # ring/ does not import recovery/: the relay's route is wired in here.
     run_peer(config, extensions=(install_recovery_relay,))
@@ -611,7 +616,9 @@ def _print_drill(report: Any) -> None:
     )
     for result in report.results:
         if result.missing_chunks:
+            ranges = ", ".join(f"{o}+{n}" for o, n in result.lost_ranges[:4])
             console.print(
                 f"[red]{result.topology}: unrecoverable[/]: {len(result.missing_chunks)} chunks "
-                f"({_human(result.bytes_lost)}) had no live replica", highlight=False,
+                f"({_human(result.bytes_lost)} of the state, bytes {ranges}) had no live replica",
+                highlight=False,
             )  # fmt: skip
