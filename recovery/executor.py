@@ -243,7 +243,7 @@ class _Run:
             address = view.ring.member(root.peer_id).address
         except KeyError as exc:
             raise ProtocolError(f"{root.peer_id} is no longer in the ring") from exc
-        body = json.dumps(root.to_json(), separators=(",", ":")).encode()
+        body = codec.compact_json(root.to_json())
         expected = frozenset(root.chunk_ids())
         parser = FrameParser()
         async with self.client.transport.stream(address, "POST", ROUTE, body=body) as pieces:

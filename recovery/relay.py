@@ -197,7 +197,7 @@ class _Stream:
     async def _follow(self, upstream: PlanNode, forwarded: set[str]) -> None:
         """Forward an upstream's frames as they arrive, until its end frame."""
         address = self._address(upstream.peer_id)
-        body = json.dumps(upstream.to_json(), separators=(",", ":")).encode()
+        body = codec.compact_json(upstream.to_json())
         expected = frozenset(upstream.chunk_ids())
         parser = FrameParser()
         async with self.node.data_transport.stream(address, "POST", ROUTE, body=body) as pieces:

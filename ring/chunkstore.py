@@ -166,11 +166,7 @@ class ChunkStore:
             except FileNotFoundError:
                 self._forget(chunk_id)
                 return None
-        try:
-            await asyncio.to_thread(codec.verify_stored, stored, chunk_id)
-        except ChunkCorrupt as exc:
-            await self.quarantine(chunk_id, str(exc))
-            raise
+        await self._check(chunk_id, stored, codec.verify_stored)
         return stored
 
     async def verify(self, chunk_id: str) -> bool:
@@ -178,12 +174,18 @@ class ChunkStore:
         stored = await self.get(chunk_id)
         if stored is None:
             return False
+        await self._check(chunk_id, stored, codec.decode)
+        return True
+
+    async def _check(
+        self, chunk_id: str, stored: bytes, check: Callable[[bytes, str], object]
+    ) -> None:
+        """Run ``check`` in a worker thread; a chunk that fails is quarantined."""
         try:
-            await asyncio.to_thread(codec.decode, stored, chunk_id)
+            await asyncio.to_thread(check, stored, chunk_id)
         except ChunkCorrupt as exc:
             await self.quarantine(chunk_id, str(exc))
             raise
-        return True
 
     async def delete(self, chunk_id: str) -> bool:
         if chunk_id not in self._index:

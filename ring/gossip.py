@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from ring.membership import MEMBERS_MAX, Entry, MemberTable
+from sr3.codec import compact_json
 from sr3.errors import ProtocolError, SR3Error
 from sr3.transport import Transport
 
@@ -88,7 +89,7 @@ class Gossiper:
                     address,
                     "POST",
                     "/v1/gossip",
-                    body=_json_bytes(encode_table(self.table)),
+                    body=compact_json(encode_table(self.table)),
                     any_target=True,
                 )
             changed = self.table.merge(decode_table(answer.json()))
@@ -166,9 +167,3 @@ class Gossiper:
                     group.create_task(self.exchange(address))
         except TimeoutError:
             log.warning("announcing %s did not reach every peer within %.0f s", status, timeout_s)
-
-
-def _json_bytes(data: Any) -> bytes:
-    import json
-
-    return json.dumps(data, separators=(",", ":")).encode()

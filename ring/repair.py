@@ -33,6 +33,7 @@ from ring.placement import Member, Ring
 from ring.ratelimit import TokenBucket
 from ring.records import RecordStore
 from ring.repair_plan import plan_chunk, plan_record
+from sr3.codec import compact_json
 from sr3.errors import ChunkCorrupt, SR3Error
 from sr3.transport import Transport
 
@@ -140,7 +141,7 @@ class Repairer:
             batch = ids[start : start + BATCH_IDS_MAX]
             try:
                 answer = await self._transport.request(
-                    member.address, "POST", "/v1/chunks/exists", body=_json({"ids": batch})
+                    member.address, "POST", "/v1/chunks/exists", body=compact_json({"ids": batch})
                 )
                 present.update(str(item) for item in answer.json()["present"])
             except (SR3Error, KeyError, TypeError) as exc:
@@ -243,7 +244,7 @@ class Repairer:
     async def _versions(self, member: Member, keys: list[str]) -> dict[str, int] | None:
         try:
             answer = await self._transport.request(
-                member.address, "POST", "/v1/records/versions", body=_json({"keys": keys})
+                member.address, "POST", "/v1/records/versions", body=compact_json({"keys": keys})
             )
             return {str(key): int(version) for key, version in answer.json()["versions"].items()}
         except (SR3Error, KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -325,9 +326,3 @@ class Repairer:
         lost = sorted(chunk_id for chunk_id in missing if not holders[chunk_id])
         report.chunks_lost = len(lost)
         report.lost_examples = lost[:10]
-
-
-def _json(data: Any) -> bytes:
-    import json
-
-    return json.dumps(data, separators=(",", ":")).encode()

@@ -548,7 +548,7 @@ class Client:
         ref = await self.put_file(path, progress=progress)
         record_key = BLOB_KEY_PREFIX + key
         current = await self.get_record(record_key)
-        value = json.dumps(ref.to_json(), separators=(",", ":")).encode()
+        value = codec.compact_json(ref.to_json())
         await self.put_record(
             record_key,
             value,

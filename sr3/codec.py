@@ -22,10 +22,12 @@ Everything here is a pure function of bytes; callers own the I/O.
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 import zstandard
@@ -34,6 +36,7 @@ from sr3.errors import ChunkCorrupt, ChunkTooLarge
 
 __all__ = [
     "CHUNK_BYTES_MAX",
+    "compact_json",
     "CHUNK_ID_PATTERN",
     "CODEC_RAW",
     "CODEC_ZSTD",
@@ -91,6 +94,11 @@ class StoredHeader:
     payload_bytes: int
     payload_checksum: int
     chunk_id: str
+
+
+def compact_json(data: Any) -> bytes:
+    """JSON without spaces, UTF-8: the body of every JSON request between peers."""
+    return json.dumps(data, separators=(",", ":")).encode()
 
 
 def chunk_id(raw: bytes | memoryview) -> str:
