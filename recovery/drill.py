@@ -20,6 +20,7 @@ from typing import Any
 
 import xxhash
 
+from recovery.auto import measured
 from recovery.cost import Choice, Network, Workload, choose
 from recovery.executor import RecoveryResult, locate, recover_blob
 from recovery.plan import TOPOLOGIES, Topology
@@ -32,6 +33,7 @@ __all__ = ["DrillOptions", "DrillReport", "TopologyResult", "run_drill", "write_
 MB = 1_000_000
 HEAL_TIMEOUT_S = 600.0
 HEAL_POLL_S = 0.5
+WARM_UP_READS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,13 @@ def _network(options: DrillOptions) -> Network:
     )
 
 
+def _emulated(options: DrillOptions) -> bool:
+    return bool(options.peer_bytes_s or options.requester_bytes_s or options.latency_ms)
+
+
 async def _choose(client: Client, ref: BlobRef, options: DrillOptions, replication: int) -> Choice:
+    """The cost model's choice: with an emulated network, from the given figures; else
+    from bandwidth and round trips measured on this ring's recent transfers."""
     specs = await locate(client, sorted({e.chunk_id for e in ref.extents}))
     holders = {holder for spec in specs for holder in spec.holders}
     workload = Workload(
@@ -111,12 +119,16 @@ async def _choose(client: Client, ref: BlobRef, options: DrillOptions, replicati
         failed_peers=options.fail,
         replication=replication,
     )
-    return choose(workload, _network(options))
+    network = _network(options)
+    return choose(workload, network if _emulated(options) else measured(client, network))
 
 
-async def _warm_up(client: Client, work: Path, options: DrillOptions) -> None:
+async def _warm_up(client: Client, state: BlobRef, work: Path, options: DrillOptions) -> None:
     """One small recovery per topology before the failures: opens connections and code
-    paths, so the first measured topology does not pay for them."""
+    paths, so the first measured topology does not pay for them; and a few chunk reads of
+    the state, whose timings the cost model uses when the network is not emulated."""
+    for chunk_id in list(dict.fromkeys(e.chunk_id for e in state.extents))[:WARM_UP_READS]:
+        await client.fetch_chunk(chunk_id)
     ref = await client.put_blob(b"sr3 drill warm-up " * 4096)
     for topology in TOPOLOGIES:
         await recover_blob(
@@ -238,7 +250,7 @@ async def run_drill(
         raise ValueError(f"cannot kill {options.fail} of {len(peers)} peers and still recover")
     ref = await client.store_file(state_path, "drill/state")
     digest = await asyncio.to_thread(_digest, state_path)
-    await _warm_up(client, work, options)
+    await _warm_up(client, ref, work, options)
     victims = sorted(random.Random(options.seed).sample(peers, options.fail))
     await kill(victims)
     choice = await _choose(client, ref, options, view.replication)

@@ -28,15 +28,17 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import xxhash
 
 from recovery import frames
+from recovery.auto import choose_for, measured
+from recovery.cost import Network
 from recovery.frames import Frame, FrameParser
-from recovery.plan import ChunkSpec, Plan, PlanNode, Topology, build_plan
+from recovery.plan import TOPOLOGIES, ChunkSpec, Plan, PlanNode, Topology, build_plan
 from recovery.relay import ROUTE
 from ring.peer import EXISTS_IDS_MAX
 from ring.placement import Member
@@ -74,6 +76,8 @@ class RecoveryResult:
     failed_peers: tuple[str, ...]
     # Chunk frames that arrived for a chunk already delivered (dropped).
     duplicate_frames: int = 0
+    # Why this topology, when the caller asked for "auto".
+    reason: str = ""
 
 
 # -- locating -------------------------------------------------------------------------------
@@ -131,15 +135,19 @@ def _parse_held(answer: Any) -> dict[str, int]:
 async def recover(
     client: Client,
     chunk_ids: Sequence[str],
-    topology: Topology,
+    topology: Topology | Literal["auto"],
     sink: Sink,
     *,
     fan_in: int = FAN_IN_DEFAULT,
     connections_max: int = CONNECTIONS_MAX_DEFAULT,
     ingress_bytes_s: float | None = None,
+    network: Network | None = None,
 ) -> RecoveryResult:
     """Fetch every chunk along ``topology``; ``sink(chunk_id, raw)`` once per chunk, in
-    any order. Raises ``DataUnavailable`` naming every chunk no one could serve."""
+    any order. Raises ``DataUnavailable`` naming every chunk no one could serve.
+
+    ``"auto"`` lets the cost model choose from the holders found and ``network`` (None:
+    measured from the client's recent transfers)."""
     if connections_max < 1:
         raise ValueError("connections_max must be at least 1")
     started = time.monotonic()
@@ -149,7 +157,13 @@ async def recover(
     # before anything big moves.
     await run.fetch_directly([spec.chunk_id for spec in specs if not spec.holders])
     run.raise_if_unavailable()
-    plan = build_plan(topology, [spec for spec in specs if spec.holders], fan_in=fan_in)
+    held = [spec for spec in specs if spec.holders]
+    reason = ""
+    if topology == "auto":
+        base = network or Network(connections_max=connections_max, tree_fan_in=fan_in)
+        choice = choose_for(client, held, network or measured(client, base))
+        topology, reason = _topology(choice.topology), choice.reason
+    plan = build_plan(topology, held, fan_in=fan_in)
     slots = asyncio.Semaphore(connections_max)
     try:
         async with asyncio.TaskGroup() as group:
@@ -158,7 +172,15 @@ async def recover(
     except BaseExceptionGroup as group_error:
         raise _first_error(group_error) from None
     run.raise_if_unavailable()
-    return run.result(topology, _fan_in(plan, connections_max), time.monotonic() - started)
+    result = run.result(topology, _fan_in(plan, connections_max), time.monotonic() - started)
+    return replace(result, reason=reason)
+
+
+def _topology(name: str) -> Topology:
+    for topology in TOPOLOGIES:
+        if topology == name:
+            return topology
+    raise ValueError(f"unknown topology {name!r}")
 
 
 def _fan_in(plan: Plan, connections_max: int) -> int:
@@ -308,7 +330,7 @@ async def recover_blob(
     client: Client,
     ref: BlobRef,
     path: Path,
-    topology: Topology,
+    topology: Topology | Literal["auto"],
     *,
     fan_in: int = FAN_IN_DEFAULT,
     connections_max: int = CONNECTIONS_MAX_DEFAULT,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ CONNECTIONS_PER_PEER_MAX = 8
 JSON_BYTES_MAX = 16 * 1024 * 1024
 # Bodies above aiohttp's TOO_LARGE_BYTES_BODY (1 MiB) are streamed in slices.
 STREAM_BODY_BYTES_MIN = 1024 * 1024
+SAMPLES_MAX = 256
+TRANSFER_SAMPLE_BYTES_MIN = 256 * 1024
+ROUND_TRIP_SAMPLE_BYTES_MAX = 16 * 1024
 BODY_SLICE_BYTES = 256 * 1024
 # The error answer of a stream request is read whole; it is a short JSON document.
 ERROR_BYTES_MAX = 64 * 1024
@@ -133,6 +137,9 @@ class Transport:
         self._timeouts = timeouts
         self._connections_per_peer_max = connections_per_peer_max
         self._session: aiohttp.ClientSession | None = None
+        # Recent answers, for cost models: (bytes, seconds) of large ones, seconds of small.
+        self._transfers: deque[tuple[int, float]] = deque(maxlen=SAMPLES_MAX)
+        self._round_trips: deque[float] = deque(maxlen=SAMPLES_MAX)
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -177,6 +184,7 @@ class Transport:
         # aiohttp sends a large bytes body in one write and warns (ResourceWarning) that
         # it may stall the loop; a large body is streamed in slices instead.
         data = _SlicedBody(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
+        started = time.perf_counter()
         try:
             async with self._open().request(method, url, data=data, headers=headers) as answer:
                 payload = await _read_bounded(answer, body_bytes_max, address)
@@ -185,7 +193,22 @@ class Transport:
             raise PeerUnavailable(address, f"{method} {path_qs[:60]}: {exc!r}") from exc
         if response.status not in ok:
             raise _rejection(address, response)
+        self._sample(len(payload) + len(body or b""), time.perf_counter() - started)
         return response
+
+    def _sample(self, size_bytes: int, seconds: float) -> None:
+        if size_bytes >= TRANSFER_SAMPLE_BYTES_MIN:
+            self._transfers.append((size_bytes, seconds))
+        elif size_bytes <= ROUND_TRIP_SAMPLE_BYTES_MAX:
+            self._round_trips.append(seconds)
+
+    def transfers(self) -> list[tuple[int, float]]:
+        """``(bytes, seconds)`` of recent large requests (at most ``SAMPLES_MAX``)."""
+        return list(self._transfers)
+
+    def round_trips(self) -> list[float]:
+        """Seconds of recent small requests (at most ``SAMPLES_MAX``)."""
+        return list(self._round_trips)
 
     @asynccontextmanager
     async def stream(

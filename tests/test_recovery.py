@@ -24,6 +24,7 @@ from conftest import SEED, MakeCluster, start_cluster
 from support import HttpProbe, chunk_holders
 
 from recovery import frames
+from recovery.cost import Network
 from recovery.executor import locate, recover, recover_blob
 from recovery.frames import Frame, FrameParser
 from recovery.plan import TOPOLOGIES, Plan, PlanNode, Topology, build_plan
@@ -411,3 +412,27 @@ async def test_only_holder_killed_with_r1_names_exactly_the_lost_chunks(
             assert len(caught.value.missing) == len(lost)
             assert not out.exists()
             assert not (tmp_path / f".{out.name}.sr3-recovering").exists()
+
+
+async def test_auto_lets_the_cost_model_choose_from_the_given_or_measured_network(
+    ring6: LocalCluster, tmp_path: Path, rng: random.Random
+) -> None:
+    """Holds: "auto" recovers byte-identical state with the topology the cost model
+    names, says why, and picks line or tree when told the requester's link is narrow."""
+    async with Client(ring6.ring, ring6.secret, options=OPTIONS) as client:
+        ref, data = await store_state(client, tmp_path, rng)
+        out = tmp_path / "auto.bin"
+        measured_run = await recover_blob(client, ref, out, "auto")
+        assert out.read_bytes() == data
+        assert measured_run.topology in TOPOLOGIES and measured_run.reason
+        assert client.transport.transfers(), "chunk reads were not sampled"
+        narrow = Network(requester_bytes_s=5e6, rtt_s=0.0005)
+        narrow_run = await recover(
+            client, unique_chunks(ref), "auto", _discard, network=narrow, fan_in=TREE_FAN_IN
+        )
+    assert narrow_run.topology in ("line", "tree"), narrow_run.reason
+    assert "requester link" in narrow_run.reason
+
+
+async def _discard(_chunk_id: str, _raw: bytes) -> None:
+    return None
