@@ -105,9 +105,11 @@ class Relay:
         if self.streams >= STREAMS_MAX:
             raise web.HTTPServiceUnavailable(text=f"{STREAMS_MAX} recovery streams running")
         self.streams += 1
+        self.node.foreground.enter()
         try:
             return await self._serve(request, plan)
         finally:
+            self.node.foreground.leave()
             self.streams -= 1
 
     async def _serve(self, request: web.Request, plan: PlanNode) -> web.StreamResponse:

@@ -26,7 +26,7 @@ from ring.membership import Entry, MemberTable, Timeouts
 from ring.overlay import Overlay
 from ring.peer_config import PeerConfig
 from ring.placement import Ring
-from ring.ratelimit import TokenBucket
+from ring.ratelimit import ForegroundGate, TokenBucket
 from ring.records import RecordStore
 from ring.repair import Repairer, RepairSettings
 from ring.scrubber import Scrubber
@@ -90,6 +90,8 @@ class Node:
         # Emulated egress link (``--egress-rate``), shared by chunk reads and recovery
         # streams so that both draw on one budget.
         self.egress = TokenBucket(config.egress_rate_bytes_s, EGRESS_BURST_BYTES, time.monotonic)
+        # Foreground reads in flight: repair and scrubbing yield to them.
+        self.foreground = ForegroundGate(time.monotonic)
         self.overlay: Overlay | None = (
             Overlay(config.secret, config.peer_id, clock=clock) if config.overlay else None
         )
@@ -152,11 +154,12 @@ class Node:
                 zone_aware=config.zone_aware, interval_s=config.repair_interval_s,
                 rate_bytes_s=config.repair_rate_bytes_s,
             ),
-            self.clock,
+            self.clock, foreground=self.foreground,
         )  # fmt: skip
         self._scrubber = Scrubber(
             config.peer_id, self.chunks, self._table, self.ring, self.data_transport,
             replication=config.replication, rate_bytes_s=config.scrub_rate_bytes_s,
+            foreground=self.foreground,
         )  # fmt: skip
 
     async def _save_members(self) -> None:

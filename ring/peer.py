@@ -330,11 +330,16 @@ class Peer:
 
     async def get_chunk(self, request: web.Request) -> web.Response:
         chunk_id = self._chunk_id(request)
-        await self.node.emulate_latency()
-        stored = await self.chunks.get(chunk_id)
-        if stored is None:
-            return _error(404, "not_found", f"chunk {chunk_id} is not stored here")
-        await self.node.egress.acquire(len(stored))
+        foreground = self.node.foreground
+        foreground.enter()
+        try:
+            await self.node.emulate_latency()
+            stored = await self.chunks.get(chunk_id)
+            if stored is None:
+                return _error(404, "not_found", f"chunk {chunk_id} is not stored here")
+            await self.node.egress.acquire(len(stored))
+        finally:
+            foreground.leave()
         self.metrics.chunk_bytes_read.inc(len(stored))
         return web.Response(body=stored, content_type="application/octet-stream")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-__all__ = ["TokenBucket"]
+__all__ = ["ForegroundGate", "TokenBucket"]
 
 
 class TokenBucket:
@@ -46,3 +46,38 @@ class TokenBucket:
                 await self._sleep((needed - self._tokens) / self.rate)
                 self._refill()
             self._tokens -= amount
+
+
+class ForegroundGate:
+    """Foreground requests in flight on this peer; background work (repair, scrubbing)
+    waits for a quiet moment before each step, for at most ``wait_s_max`` so that it
+    still progresses under constant load (then at its own rate limit)."""
+
+    QUIET_S = 0.05
+    POLL_S = 0.01
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._clock = clock
+        self._sleep = sleep
+        self._in_flight = 0
+        self._last_active = clock() - self.QUIET_S
+
+    def enter(self) -> None:
+        self._in_flight += 1
+
+    def leave(self) -> None:
+        self._in_flight -= 1
+        self._last_active = self._clock()
+
+    @property
+    def busy(self) -> bool:
+        return self._in_flight > 0 or self._clock() - self._last_active < self.QUIET_S
+
+    async def quiet(self, wait_s_max: float) -> None:
+        deadline = self._clock() + wait_s_max
+        while self.busy and self._clock() < deadline:
+            await self._sleep(self.POLL_S)

@@ -12,7 +12,8 @@ peer holds, under the placement its member table gives now:
    holds is counted as lost.
 
 Pushes go through a token bucket (``rate_bytes_s``) with at most ``transfers_max`` in
-flight, so foreground reads are not starved. The figures of the last finished round
+flight, and each waits (up to ``FOREGROUND_WAIT_S_MAX``) for a pause in this peer's
+foreground reads, so that those are not starved. The figures of the last finished round
 (under-replicated and lost chunks, bytes moved) are what ``/v1/info`` and ``sr3 status``
 report.
 """
@@ -30,7 +31,7 @@ from ring.chunkstore import ChunkStore
 from ring.hints import HintStore
 from ring.membership import MemberTable
 from ring.placement import Member, Ring
-from ring.ratelimit import TokenBucket
+from ring.ratelimit import ForegroundGate, TokenBucket
 from ring.records import RecordStore
 from ring.repair_plan import plan_chunk, plan_record
 from sr3.codec import compact_json
@@ -42,6 +43,8 @@ __all__ = ["RepairSettings", "Repairer", "RoundReport"]
 log = logging.getLogger(__name__)
 
 BATCH_IDS_MAX = 10_000
+# Longest a push waits for this peer's foreground reads to pause.
+FOREGROUND_WAIT_S_MAX = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +87,11 @@ class Repairer:
         transport: Transport,
         settings: RepairSettings,
         clock: Callable[[], float] = time.time,
+        *,
+        foreground: ForegroundGate | None = None,
     ) -> None:
         self.me = me
+        self._foreground = foreground
         self.table = table
         self.chunks = chunks
         self.records = records
@@ -187,6 +193,8 @@ class Repairer:
                 return False
             if stored is None:
                 return False
+            if self._foreground is not None:
+                await self._foreground.quiet(FOREGROUND_WAIT_S_MAX)
             await self._bucket.acquire(len(stored))
             try:
                 await self._transport.request(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ring.chunkstore import ChunkStore
 from ring.membership import MemberTable
 from ring.placement import Ring
-from ring.ratelimit import TokenBucket
+from ring.ratelimit import ForegroundGate, TokenBucket
 from sr3 import codec
 from sr3.errors import ChunkCorrupt, SR3Error
 from sr3.transport import Transport
@@ -28,6 +28,7 @@ __all__ = ["ScrubStats", "Scrubber"]
 log = logging.getLogger(__name__)
 
 IDLE_PAUSE_S = 1.0
+FOREGROUND_WAIT_S_MAX = 0.5
 
 
 @dataclass(slots=True)
@@ -51,7 +52,9 @@ class Scrubber:
         *,
         replication: int,
         rate_bytes_s: float,
+        foreground: ForegroundGate | None = None,
     ) -> None:
+        self._foreground = foreground
         self.me = me
         self.chunks = chunks
         self.table = table
@@ -71,6 +74,8 @@ class Scrubber:
             size = self.chunks.stored_size(chunk_id)
             if size is None:
                 continue
+            if self._foreground is not None:
+                await self._foreground.quiet(FOREGROUND_WAIT_S_MAX)
             await self._bucket.acquire(size)
             try:
                 if await self.chunks.verify(chunk_id):
