@@ -10,7 +10,7 @@ COPY spark_connector ./spark_connector
 RUN pip install --no-cache-dir . && useradd --system --uid 7401 sr3 && mkdir /data && chown sr3 /data
 USER sr3
 VOLUME ["/data"]
-EXPOSE 7401
+EXPOSE 7401/tcp 7401/udp
 HEALTHCHECK --interval=5s --timeout=2s --retries=6 \
   CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7401/v1/health', timeout=1)"
 ENTRYPOINT ["sr3", "peer"]

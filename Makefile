@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[spark,dev]'
+	$(PY) -m pip install --quiet -e '.[spark,plot,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -26,7 +26,7 @@ from recovery.executor import RecoveryResult, locate, recover_blob
 from recovery.plan import TOPOLOGIES, Topology
 from sr3.blobs import BlobRef
 from sr3.client import Client
-from sr3.errors import DataUnavailable
+from sr3.errors import ConfigError, DataUnavailable
 
 __all__ = ["DrillOptions", "DrillReport", "TopologyResult", "run_drill", "write_plot"]
 
@@ -206,7 +206,10 @@ def _topology(name: str) -> Topology:
 
 def write_plot(report: DrillReport, path: Path) -> None:
     """A PNG comparing the topologies' recovery time and throughput."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ConfigError("--plot needs matplotlib: pip install 'sr3[plot]'") from exc
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
