@@ -88,6 +88,8 @@ class ClientOptions:
     down_retry_s: float = 5.0
     # How long a fetched member table is used before it is fetched again.
     ring_refresh_s: float = 5.0
+    # How long a peer believed down gets to answer when it must be asked anyway.
+    down_probe_s: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +271,8 @@ class Client:
         candidates: Sequence[Member],
         count: int,
         op: Callable[[Member, Member | None], Awaitable[T]],
+        *,
+        strict: bool = False,
     ) -> tuple[list[tuple[Member, T]], list[str]]:
         """Run ``op`` on the first ``count`` candidates at once. A lane whose peer is
         known down, or fails (PeerError), moves on to the next unused candidate, live ones
@@ -277,18 +281,28 @@ class Client:
         preferred = list(candidates[:count])
         last_resort = [member for member in preferred if self._is_down(member)]
         spares = iter(self._live_first(candidates[count:]) + last_resort)
+        if strict:
+            # Only the preferred peers, each tried whatever the client believes of it.
+            last_resort, spares = [], iter(())
         answers: list[tuple[Member, T]] = []
         causes: list[str] = []
 
         async def lane(original: Member) -> None:
             member: Member | None = original
-            if self._is_down(original):
+            if self._is_down(original) and not strict:
                 member = next(spares, None)
             while member is not None:
+                # A peer believed down is still asked in strict mode, but only briefly:
+                # it may have come back, or it may be frozen and never answer.
+                limit_s = self.options.down_probe_s if self._is_down(member) else None
                 try:
                     stand_in_for = None if member is original else original
-                    answers.append((member, await op(member, stand_in_for)))
+                    async with asyncio.timeout(limit_s):
+                        answers.append((member, await op(member, stand_in_for)))
                     return
+                except TimeoutError:
+                    causes.append(f"{member.address}: no answer within {limit_s} s")
+                    self._mark_down(member)
                 except PeerError as exc:
                     causes.append(str(exc))
                     if isinstance(exc, PeerUnavailable):
@@ -500,6 +514,9 @@ class Client:
     ) -> int:
         """Compare-and-set: store ``value`` as ``expected_version + 1`` on W..R replicas.
 
+        Only the key's R preferred peers count (no stand-ins): a stand-in that never held
+        the record would accept a stale version. So a write needs W of them reachable;
+        after a failure the ring moves records to live peers within the removal grace.
         ``refs`` are the chunk ids the value points at: peers audit that they stay
         available (``chunks_lost``) without parsing values. Raises ``RecordConflict``
         when replicas hold a newer version than expected.
@@ -514,6 +531,7 @@ class Client:
             lambda member, _hint: self._put_record_to(
                 member, key, body, expected_version, len(refs)
             ),
+            strict=True,
         )
         acks = sum(1 for _member, version in answers if version >= 0)
         if acks >= view.write_quorum:
