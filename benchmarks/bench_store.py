@@ -1,0 +1,555 @@
+"""Store and restore throughput of an sr3 ring against a bare HTTP object store.
+
+One run measures, on the same machine and data:
+
+- **baseline**: a bare aiohttp server in its own process on 127.0.0.1 that writes each
+  ``PUT /obj/{n}`` body to a file (no fsync, no verification, no compression) and answers
+  ``GET /obj/{n}`` with the file. The client sends the file in sr3's chunk size with sr3's
+  number of concurrent transfers over one ``aiohttp.ClientSession`` and reads it back into
+  a file in order. No replication.
+- **sr3**: a local cluster of ``--peers`` peer processes (R=3, W=2 by default) and
+  ``sr3.client.Client``: ``put_file`` (chunked, compressed, replicated, fsynced, verified
+  on the peer before it is written) and ``get_file`` (verified end to end, fsynced).
+
+Both outputs are compared with the input by SHA-256. Throughput is MB/s of raw data
+(10^6 bytes/s); the ratios sr3/baseline are checked against the targets (read >= 0.5x,
+write >= 0.25x). Each repeat starts a fresh cluster and a fresh baseline server; the
+medians are reported. Run from the repository root:
+
+    python benchmarks/bench_store.py [--size 1GiB] [--peers 5] [--repeat 1]
+                                     [--out benchmarks/results/store.json]
+
+``--baseline-server PORT DIR`` is the baseline server's own entry point (used internally).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aiohttp
+from aiohttp import web
+
+from sr3.client import Client, ClientOptions
+from sr3.codec import CHUNK_BYTES_MAX
+from sr3.config import parse_size
+from sr3.local import LocalCluster
+from sr3.statedata import write_state_file
+
+T = TypeVar("T")
+RESULTS_PATH_DEFAULT = Path(__file__).resolve().parent / "results" / "store.json"
+SEED = 20_240_601
+MB = 1_000_000
+TARGET_WRITE_RATIO = 0.25
+TARGET_READ_RATIO = 0.5
+HASH_BLOCK_BYTES = 8 * 1024 * 1024
+SERVER_START_TIMEOUT_S = 30.0
+SERVER_STOP_TIMEOUT_S = 10.0
+BASELINE_BODY_BYTES_MAX = CHUNK_BYTES_MAX + 1024 * 1024
+REPLICATION = 3
+SETTLE_S_DEFAULT = 10.0
+WRITE_QUORUM = 2
+OPERATIONS = ("write", "read")
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What every measurement of a run shares."""
+
+    work: Path
+    path: Path
+    peers: int
+    options: ClientOptions
+    settle_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One timed phase: wall seconds, and CPU seconds (user + system) of the client
+    process and of the server processes together (None where /proc is unavailable)."""
+
+    seconds: float
+    client_cpu_s: float | None
+    servers_cpu_s: float | None
+
+    @property
+    def cores_busy(self) -> float | None:
+        if self.client_cpu_s is None or self.servers_cpu_s is None:
+            return None
+        return (self.client_cpu_s + self.servers_cpu_s) / self.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One repeat of one system: writing the whole file, then reading it back."""
+
+    write: Phase
+    read: Phase
+    # sr3 only: what the peers hold afterwards (all replicas, stored form).
+    stored_bytes: int | None = None
+    chunk_count: int | None = None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process and all its threads, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_sum(pids: Sequence[int]) -> float | None:
+    figures = [cpu_seconds(pid) for pid in pids]
+    return None if any(figure is None for figure in figures) else sum(filter(None, figures))
+
+
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
+
+
+async def timed(
+    action: Awaitable[T], server_pids: Sequence[int], settle_s: float
+) -> tuple[T, Phase]:
+    """Await ``action`` and measure it, after a settling period that is not timed.
+
+    Dirty pages of earlier phases are flushed first, so that one phase's writeback does
+    not land in the next one's time. Then the machine idles for ``settle_s``: on virtual
+    machines that hand freed memory back to the host (virtio-balloon free page
+    reporting), writing into memory freed moments ago is several times cheaper than into
+    memory freed long ago, so without a pause a phase that follows a large delete (of
+    the previous phase's files) would be measured on cheaper memory than the others.
+    """
+    await asyncio.to_thread(os.sync)
+    await asyncio.sleep(settle_s)
+    client_before, servers_before = cpu_seconds(os.getpid()), cpu_sum(server_pids)
+    started = time.perf_counter()
+    result = await action
+    seconds = time.perf_counter() - started
+    client_cpu_s = _delta(cpu_seconds(os.getpid()), client_before)
+    return result, Phase(seconds, client_cpu_s, _delta(cpu_sum(server_pids), servers_before))
+
+
+# -- baseline server (its own process) ---------------------------------------------------
+
+
+def run_baseline_server(port: int, directory: Path) -> None:
+    """Serve ``PUT``/``GET /obj/{n}`` from ``directory`` until terminated."""
+
+    def object_path(request: web.Request) -> Path:
+        return directory / request.match_info["n"]
+
+    async def put_object(request: web.Request) -> web.Response:
+        body = await request.read()
+        await asyncio.to_thread(object_path(request).write_bytes, body)
+        return web.Response(status=201)
+
+    async def get_object(request: web.Request) -> web.StreamResponse:
+        path = object_path(request)
+        if not path.is_file():
+            return web.Response(status=404)
+        return web.FileResponse(path)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    directory.mkdir(parents=True, exist_ok=True)
+    app = web.Application(client_max_size=BASELINE_BODY_BYTES_MAX)
+    app.router.add_put(r"/obj/{n:\d+}", put_object)
+    app.router.add_get(r"/obj/{n:\d+}", get_object)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=0.5) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if process.poll() is not None:
+            raise RuntimeError(f"baseline server exited with code {process.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"baseline server not healthy after {SERVER_START_TIMEOUT_S} s")
+        time.sleep(0.05)
+
+
+def start_baseline_server(directory: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    with open(log_path, "ab") as log_handle:
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--baseline-server", str(port), str(directory)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_handle,
+            stderr=subprocess.STDOUT,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(f"{base_url}/health", process)
+    except BaseException:
+        stop_process(process)
+        raise
+    return process, base_url
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(SERVER_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(SERVER_STOP_TIMEOUT_S)
+
+
+# -- baseline client ---------------------------------------------------------------------
+
+
+async def baseline_write(
+    session: aiohttp.ClientSession, base_url: str, path: Path, chunk_bytes: int, transfers: int
+) -> int:
+    """PUT the file in ``chunk_bytes`` pieces, ``transfers`` at a time; the piece count."""
+    slots = asyncio.Semaphore(transfers)
+
+    async def send(index: int, body: bytes) -> None:
+        try:
+            async with session.put(f"{base_url}/obj/{index}", data=body) as answer:
+                await answer.read()
+                if answer.status != 201:
+                    raise RuntimeError(f"baseline PUT {index} answered {answer.status}")
+        finally:
+            slots.release()
+
+    count = 0
+    handle = await asyncio.to_thread(open, path, "rb")
+    with handle:
+        async with asyncio.TaskGroup() as group:
+            while True:
+                await slots.acquire()
+                body = await asyncio.to_thread(handle.read, chunk_bytes)
+                if not body:
+                    slots.release()
+                    break
+                group.create_task(send(count, body))
+                count += 1
+    return count
+
+
+async def baseline_read(
+    session: aiohttp.ClientSession, base_url: str, out_path: Path, count: int, transfers: int
+) -> None:
+    """GET pieces ``0..count-1``, ``transfers`` ahead, and write them to a file in order."""
+
+    async def fetch(index: int) -> bytes:
+        async with session.get(f"{base_url}/obj/{index}") as answer:
+            body = await answer.read()
+            if answer.status != 200:
+                raise RuntimeError(f"baseline GET {index} answered {answer.status}")
+            return body
+
+    pending: deque[asyncio.Task[bytes]] = deque()
+    handle = await asyncio.to_thread(open, out_path, "wb")
+    with handle:
+        async with asyncio.TaskGroup() as group:
+            for index in range(count):
+                if len(pending) >= transfers:
+                    handle.write(await pending.popleft())
+                pending.append(group.create_task(fetch(index)))
+            while pending:
+                handle.write(await pending.popleft())
+
+
+async def baseline_round(setup: Setup, base_url: str, server_pid: int, out_path: Path) -> Trial:
+    transfers, chunk_bytes = setup.options.transfers_max, setup.options.chunk_bytes
+    connector = aiohttp.TCPConnector(limit=transfers)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        count, write = await timed(
+            baseline_write(session, base_url, setup.path, chunk_bytes, transfers),
+            [server_pid],
+            setup.settle_s,
+        )
+        _, read = await timed(
+            baseline_read(session, base_url, out_path, count, transfers),
+            [server_pid],
+            setup.settle_s,
+        )
+    return Trial(write, read)
+
+
+def measure_baseline(setup: Setup, repeat: int) -> Trial:
+    directory = setup.work / f"baseline-{repeat}"
+    out_path = setup.work / "baseline.out"
+    process, base_url = start_baseline_server(directory, setup.work / "baseline-server.log")
+    try:
+        trial = asyncio.run(baseline_round(setup, base_url, process.pid, out_path))
+    finally:
+        stop_process(process)
+    check_identical(setup.path, out_path, "baseline")
+    out_path.unlink()
+    remove_tree(directory)
+    return trial
+
+
+# -- sr3 ---------------------------------------------------------------------------------
+
+
+async def sr3_round(setup: Setup, cluster: LocalCluster, out_path: Path) -> Trial:
+    peer_pids = [peer.pid for peer in cluster.cluster.peers if peer.pid is not None]
+    async with Client(cluster.ring, cluster.secret, options=setup.options) as client:
+        await client.ring()
+        ref, write = await timed(client.put_file(setup.path), peer_pids, setup.settle_s)
+        _, read = await timed(client.get_file(ref, out_path), peer_pids, setup.settle_s)
+        status = await client.status()
+    down = [peer.peer_id for peer in status.peers if peer.stored_bytes is None]
+    if down:
+        raise RuntimeError(f"peers did not answer the status probe: {down}")
+    if (status.replication, status.write_quorum) != (REPLICATION, WRITE_QUORUM):
+        raise RuntimeError(f"the ring runs R={status.replication} W={status.write_quorum}")
+    return Trial(
+        write,
+        read,
+        stored_bytes=sum(peer.stored_bytes or 0 for peer in status.peers),
+        chunk_count=sum(peer.chunk_count or 0 for peer in status.peers),
+    )
+
+
+def measure_sr3(setup: Setup, repeat: int) -> Trial:
+    home = setup.work / f"cluster-{repeat}"
+    out_path = setup.work / "sr3.out"
+    cluster = LocalCluster.create(
+        home,
+        setup.peers,
+        replication=REPLICATION,
+        write_quorum=WRITE_QUORUM,
+        cluster_file=home / "cluster.json",
+    )
+    try:
+        cluster.up()
+        trial = asyncio.run(sr3_round(setup, cluster, out_path))
+    finally:
+        cluster.down(purge=True)
+    check_identical(setup.path, out_path, "sr3")
+    out_path.unlink()
+    remove_tree(home)
+    return trial
+
+
+# -- helpers and report ------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_expected_digests: dict[Path, str] = {}
+
+
+def check_identical(original: Path, copy: Path, label: str) -> None:
+    if original not in _expected_digests:
+        _expected_digests[original] = sha256_file(original)
+    if sha256_file(copy) != _expected_digests[original]:
+        raise RuntimeError(f"{label}: the read-back file differs from the original")
+
+
+def remove_tree(directory: Path) -> None:
+    import shutil
+
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def mb_s(size_bytes: int, seconds: float) -> float:
+    return size_bytes / MB / seconds
+
+
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else None
+
+
+def summary(size_bytes: int, trials: Sequence[Trial]) -> dict[str, dict[str, Any]]:
+    """Per operation: median MB/s, each run's MB/s and the median CPU figures."""
+    result: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        phases: list[Phase] = [getattr(trial, op) for trial in trials]
+        runs = [mb_s(size_bytes, phase.seconds) for phase in phases]
+        result[op] = {
+            "mb_s": statistics.median(runs),
+            "mb_s_runs": runs,
+            "client_cpu_s": median_or_none([phase.client_cpu_s for phase in phases]),
+            "servers_cpu_s": median_or_none([phase.servers_cpu_s for phase in phases]),
+            "cores_busy": median_or_none([phase.cores_busy for phase in phases]),
+        }
+    return result
+
+
+def build_report(
+    size_bytes: int, setup: Setup, base: list[Trial], ours: list[Trial]
+) -> dict[str, Any]:
+    baseline, sr3 = summary(size_bytes, base), summary(size_bytes, ours)
+    ratios = {op: sr3[op]["mb_s"] / baseline[op]["mb_s"] for op in OPERATIONS}
+    targets = {"write": TARGET_WRITE_RATIO, "read": TARGET_READ_RATIO}
+    stored_bytes = statistics.median(trial.stored_bytes or 0 for trial in ours)
+    return {
+        "benchmark": "store",
+        "size_bytes": size_bytes,
+        "peers": setup.peers,
+        "replication": REPLICATION,
+        "write_quorum": WRITE_QUORUM,
+        "chunk_bytes": setup.options.chunk_bytes,
+        "transfers_max": setup.options.transfers_max,
+        "repeat": len(ours),
+        "settle_s": setup.settle_s,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "baseline_mb_s": {op: baseline[op]["mb_s"] for op in OPERATIONS},
+        "sr3_mb_s": {op: sr3[op]["mb_s"] for op in OPERATIONS},
+        "ratio": ratios,
+        "target_ratio": targets,
+        "target_met": {op: ratios[op] >= targets[op] for op in OPERATIONS},
+        "compression_ratio": stored_bytes / (size_bytes * REPLICATION),
+        "stored_bytes": stored_bytes,
+        "chunk_count": statistics.median(trial.chunk_count or 0 for trial in ours),
+        "baseline": baseline,
+        "sr3": sr3,
+        "runs": {
+            "baseline": [asdict(trial) for trial in base],
+            "sr3": [asdict(trial) for trial in ours],
+        },
+    }
+
+
+def _cores(figure: float | None) -> str:
+    return "  n/a" if figure is None else f"{figure:5.2f}"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    header = (
+        f"{'':>6} | {'baseline MB/s':>13} | {'sr3 MB/s':>9} | {'ratio':>6} | {'target':>13} | "
+        f"cores busy (baseline, sr3)"
+    )
+    print(header)
+    print("-" * len(header))
+    for op in OPERATIONS:
+        met = "ok" if report["target_met"][op] else "MISSED"
+        print(
+            f"{op:>6} | {report['baseline_mb_s'][op]:>13.1f} | {report['sr3_mb_s'][op]:>9.1f} | "
+            f"{report['ratio'][op]:>5.2f}x | >={report['target_ratio'][op]:.2f}x {met:>6} | "
+            f"{_cores(report['baseline'][op]['cores_busy'])} "
+            f"{_cores(report['sr3'][op]['cores_busy'])}"
+        )
+    print(
+        f"\nsize {report['size_bytes'] / 2**20:.0f} MiB, peers {report['peers']}, "
+        f"R={report['replication']} W={report['write_quorum']}, "
+        f"chunk {report['chunk_bytes'] / 2**20:.0f} MiB x {report['transfers_max']} in flight, "
+        f"cores {report['cores']}, repeat {report['repeat']} (median)\n"
+        f"compression ratio (stored on peers / (raw x R)): {report['compression_ratio']:.3f}"
+    )
+
+
+def describe(size_bytes: int, trial: Trial) -> str:
+    return ", ".join(
+        f"{op} {mb_s(size_bytes, phase.seconds):.0f} MB/s, {_cores(phase.cores_busy).strip()} cores"
+        for op, phase in (("write", trial.write), ("read", trial.read))
+    )
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """Write atomically so a reader never sees half a file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temporary = out.with_suffix(out.suffix + ".tmp")
+    temporary.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(temporary, out)
+
+
+def run(
+    size_bytes: int, peers: int, repeat: int, settle_s: float, out: Path, log: Callable[[str], None]
+) -> None:
+    options = ClientOptions()
+    base: list[Trial] = []
+    ours: list[Trial] = []
+    load_average = os.getloadavg()[0]
+    if load_average > 1.0:
+        log(f"warning: load average {load_average:.2f} before the run; figures will be noisy")
+    with tempfile.TemporaryDirectory(prefix="sr3-bench-store-") as temporary:
+        setup = Setup(Path(temporary), Path(temporary) / "state.bin", peers, options, settle_s)
+        log(f"generating {size_bytes} bytes of state-like data")
+        write_state_file(setup.path, size_bytes, SEED)
+        for index in range(repeat):
+            base.append(measure_baseline(setup, index))
+            log(f"baseline {index + 1}/{repeat}: {describe(size_bytes, base[-1])}")
+            ours.append(measure_sr3(setup, index))
+            log(f"sr3      {index + 1}/{repeat}: {describe(size_bytes, ours[-1])}")
+    report = build_report(size_bytes, setup, base, ours)
+    report["load_average_1m_before"] = load_average
+    print_report(report)
+    write_report(report, out)
+    print(f"\nwrote {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--size", default="1GiB", help="raw bytes to store (e.g. 256MiB)")
+    parser.add_argument("--peers", type=int, default=5, help="peers in the local cluster")
+    parser.add_argument("--repeat", type=int, default=1, help="repeats; medians are reported")
+    parser.add_argument("--out", type=Path, default=RESULTS_PATH_DEFAULT, help="JSON results")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S_DEFAULT,
+        help="idle seconds before each timed phase (see timed())",
+    )
+    parser.add_argument(
+        "--baseline-server", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.baseline_server:
+        run_baseline_server(int(args.baseline_server[0]), Path(args.baseline_server[1]))
+        return 0
+    size_bytes = parse_size(args.size)
+    if size_bytes <= 0 or args.peers < REPLICATION or args.repeat < 1 or args.settle_s < 0:
+        parser.error("--size must be positive, --peers at least 3 (R=3), --repeat at least 1")
+    run(
+        size_bytes,
+        args.peers,
+        args.repeat,
+        args.settle_s,
+        args.out,
+        lambda line: print(line, flush=True),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
