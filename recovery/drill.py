@@ -18,15 +18,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from recovery.auto import measured
 from recovery.cost import Choice, Network, Workload, choose
 from recovery.executor import RecoveryResult, locate, recover_blob
-from recovery.plan import TOPOLOGIES, Topology
+from recovery.plan import TOPOLOGIES, Topology, parse_topology
 from sr3.blobs import BlobRef
 from sr3.client import Client
 from sr3.errors import ConfigError, DataUnavailable
+from sr3.files import file_digest
 
 __all__ = ["DrillOptions", "DrillReport", "TopologyResult", "run_drill", "write_plot"]
 
@@ -83,14 +82,6 @@ class DrillReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _digest(path: Path) -> str:
-    hasher = xxhash.xxh3_128()
-    with open(path, "rb") as handle:
-        while block := handle.read(8 * 1024 * 1024):
-            hasher.update(block)
-    return hasher.hexdigest()
 
 
 def _network(options: DrillOptions) -> Network:
@@ -168,7 +159,7 @@ async def _recover_one(
             topology, None, ref.size, None, None, False, sum(r[1] for r in ranges), False,
             missing_chunks=missing, lost_ranges=ranges, error=str(exc)[:300],
         )  # fmt: skip
-    verified = await asyncio.to_thread(_digest, out) == digest
+    verified = await asyncio.to_thread(file_digest, out) == digest
     await asyncio.to_thread(out.unlink, True)
     return result, TopologyResult(
         topology, round(result.seconds, 3), ref.size,
@@ -195,13 +186,6 @@ async def _wait_heal(client: Client, timeout_s: float) -> tuple[float | None, in
             settled_rounds = None
         await asyncio.sleep(HEAL_POLL_S)
     return None, (await client.status()).chunks_lost
-
-
-def _topology(name: str) -> Topology:
-    for topology in TOPOLOGIES:
-        if topology == name:
-            return topology
-    raise ValueError(f"unknown topology {name!r}")
 
 
 def write_plot(report: DrillReport, path: Path) -> None:
@@ -252,14 +236,14 @@ async def run_drill(
     if options.fail >= len(peers):
         raise ValueError(f"cannot kill {options.fail} of {len(peers)} peers and still recover")
     ref = await client.store_file(state_path, "drill/state")
-    digest = await asyncio.to_thread(_digest, state_path)
+    digest = await asyncio.to_thread(file_digest, state_path)
     await _warm_up(client, ref, work, options)
     victims = sorted(random.Random(options.seed).sample(peers, options.fail))
     await kill(victims)
     choice = await _choose(client, ref, options, view.replication)
     wanted = [t for t in TOPOLOGIES if t in options.topologies or "all" in options.topologies]
     if "auto" in options.topologies and choice.topology not in wanted:
-        wanted.append(_topology(choice.topology))
+        wanted.append(parse_topology(choice.topology))
     # A seeded order, so that no topology always runs first on cold caches.
     random.Random(options.seed ^ 0x0D81).shuffle(wanted)
     estimates = {estimate.topology: estimate for estimate in choice.estimates}

@@ -38,7 +38,7 @@ from recovery import frames
 from recovery.auto import choose_for, measured
 from recovery.cost import Network
 from recovery.frames import Frame, FrameParser
-from recovery.plan import TOPOLOGIES, ChunkSpec, Plan, PlanNode, Topology, build_plan
+from recovery.plan import ChunkSpec, Plan, PlanNode, Topology, build_plan, parse_topology
 from recovery.relay import ROUTE
 from ring.peer import EXISTS_IDS_MAX
 from ring.placement import Member
@@ -47,6 +47,7 @@ from sr3 import codec
 from sr3.blobs import BlobRef
 from sr3.client import Client
 from sr3.errors import AuthError, ChunkCorrupt, DataUnavailable, PeerError, ProtocolError
+from sr3.files import fsync_dir
 
 __all__ = ["RecoveryResult", "Sink", "locate", "recover", "recover_blob"]
 
@@ -162,7 +163,7 @@ async def recover(
     if topology == "auto":
         base = network or Network(connections_max=connections_max, tree_fan_in=fan_in)
         choice = choose_for(client, held, network or measured(client, base))
-        topology, reason = _topology(choice.topology), choice.reason
+        topology, reason = parse_topology(choice.topology), choice.reason
     plan = build_plan(topology, held, fan_in=fan_in)
     slots = asyncio.Semaphore(connections_max)
     try:
@@ -174,13 +175,6 @@ async def recover(
     run.raise_if_unavailable()
     result = run.result(topology, _fan_in(plan, connections_max), time.monotonic() - started)
     return replace(result, reason=reason)
-
-
-def _topology(name: str) -> Topology:
-    for topology in TOPOLOGIES:
-        if topology == name:
-            return topology
-    raise ValueError(f"unknown topology {name!r}")
 
 
 def _fan_in(plan: Plan, connections_max: int) -> int:
@@ -359,7 +353,7 @@ async def recover_blob(
             raise ChunkCorrupt(f"recovered blob does not match its digest {ref.digest}")
         await asyncio.to_thread(os.fsync, fd)
         os.replace(tmp, path)
-        await asyncio.to_thread(_fsync_dir, path.parent)
+        await asyncio.to_thread(fsync_dir, path.parent)
     finally:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -415,11 +409,3 @@ def _digest(fd: int, size: int) -> str:
             break
         hasher.update(data)
     return hasher.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -34,6 +34,7 @@ __all__ = [
     "build_plan",
     "plan_line",
     "plan_star",
+    "parse_topology",
     "plan_tree",
     "tree_depth",
 ]
@@ -168,6 +169,14 @@ def plan_tree(chunks: Sequence[ChunkSpec], *, fan_in: int = 4) -> Plan:
         return PlanNode(peer, tuple(assigned[peer]), tuple(build(child) for child in children))
 
     return Plan("tree", (build(0),))
+
+
+def parse_topology(name: str) -> Topology:
+    """``name`` as a ``Topology``; ``ValueError`` for anything else."""
+    for topology in TOPOLOGIES:
+        if topology == name:
+            return topology
+    raise ValueError(f"unknown topology {name!r}")
 
 
 def build_plan(topology: Topology, chunks: Sequence[ChunkSpec], *, fan_in: int = 4) -> Plan:

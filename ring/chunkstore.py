@@ -25,6 +25,7 @@ from pathlib import Path
 
 from sr3 import codec
 from sr3.errors import ChunkCorrupt, StorageFull
+from sr3.files import fsync_dir
 
 __all__ = ["ChunkStore", "StoreStats", "write_file_atomic"]
 
@@ -41,14 +42,6 @@ class StoreStats:
     capacity_bytes: int | None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:
     """Write ``data`` to ``final`` so that a crash leaves the whole file or none of it."""
     tmp = tmp_dir / f"{final.name}.{secrets.token_hex(6)}"
@@ -59,7 +52,7 @@ def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:
             os.fsync(handle.fileno())
         final.parent.mkdir(exist_ok=True)
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 
 from sr3 import codec
+from sr3.files import fsync_dir
 
 __all__ = ["HINTS_MAX", "HintStore"]
 
@@ -60,11 +60,7 @@ class HintStore:
     @staticmethod
     def _create(path: Path) -> None:
         path.touch()
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(path.parent)
 
     async def remove(self, chunk_id: str, peer_id: str) -> None:
         self._hints.discard((chunk_id, peer_id))

@@ -12,9 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import xxhash
-
 from sr3.client import Client
+from sr3.files import file_digest
 from sr3.local import LocalCluster
 from sr3.statedata import write_state_file
 
@@ -79,18 +78,10 @@ def _exercise(
     replication = cluster.cluster.replication
     for gone, count in sorted(lost.items()):
         print(f"  {count:4d} chunks had {gone} of {replication} replicas on killed peers")
-    identical = _digest(source) == _digest(restored)
+    identical = file_digest(source) == file_digest(restored)
     print(
         f"read back {restored.stat().st_size / 2**20:.0f} MiB in {get_s:.2f} s "
         f"with {len(cluster.cluster.peers) - fail} of {len(cluster.cluster.peers)} peers up"
     )
     print("byte-identical: " + ("yes" if identical else "NO"))
     return 0 if identical else 1
-
-
-def _digest(path: Path) -> str:
-    hasher = xxhash.xxh3_128()
-    with open(path, "rb") as handle:
-        while block := handle.read(4 * 1024 * 1024):
-            hasher.update(block)
-    return hasher.hexdigest()
