@@ -43,6 +43,7 @@ __all__ = ["RepairSettings", "Repairer", "RoundReport"]
 log = logging.getLogger(__name__)
 
 BATCH_IDS_MAX = 10_000
+PUSH_BATCH_MAX = 64
 # Longest a push waits for this peer's foreground reads to pause.
 FOREGROUND_WAIT_S_MAX = 0.5
 
@@ -222,9 +223,10 @@ class Repairer:
                 await self.hints.remove(chunk_id, peer_id)
                 report.hints_delivered += 1
 
-        async with asyncio.TaskGroup() as group:
-            for chunk_id, peer_id in due:
-                group.create_task(deliver(chunk_id, peer_id))
+        for start in range(0, len(due), PUSH_BATCH_MAX):
+            async with asyncio.TaskGroup() as group:
+                for chunk_id, peer_id in due[start : start + PUSH_BATCH_MAX]:
+                    group.create_task(deliver(chunk_id, peer_id))
 
     async def _repair_chunks(
         self, ring: Ring, members: Mapping[str, Member], live: set[str], report: RoundReport
@@ -236,16 +238,18 @@ class Repairer:
         }
         holders = await self._holders(preference, members, live)
         report.chunks_checked = len(preference)
-        async with asyncio.TaskGroup() as group:
-            for chunk_id, wanted in preference.items():
-                action = plan_chunk(
-                    self.me, wanted, holders[chunk_id] | {self.me}, live, replication
-                )
-                report.chunks_under_replicated += action.under_replicated
-                for peer_id in action.push_to:
-                    group.create_task(self._push_chunk(chunk_id, members[peer_id], report))
-                if action.delete_local and await self.chunks.delete(chunk_id):
-                    report.extra_copies_deleted += 1
+        pushes: list[tuple[str, Member]] = []
+        for chunk_id, wanted in preference.items():
+            action = plan_chunk(self.me, wanted, holders[chunk_id] | {self.me}, live, replication)
+            report.chunks_under_replicated += action.under_replicated
+            pushes.extend((chunk_id, members[peer_id]) for peer_id in action.push_to)
+            if action.delete_local and await self.chunks.delete(chunk_id):
+                report.extra_copies_deleted += 1
+        # In batches, so that the tasks alive at once stay bounded however much moves.
+        for start in range(0, len(pushes), PUSH_BATCH_MAX):
+            async with asyncio.TaskGroup() as group:
+                for chunk_id, member in pushes[start : start + PUSH_BATCH_MAX]:
+                    group.create_task(self._push_chunk(chunk_id, member, report))
 
     # -- records ------------------------------------------------------------------------
 
