@@ -30,6 +30,7 @@ test: lint
 bench: install
 	$(PY) benchmarks/bench_placement.py
 	$(PY) benchmarks/bench_store.py
+	$(PY) benchmarks/bench_repair.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
