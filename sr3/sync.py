@@ -68,6 +68,10 @@ class SyncClient:
     def client(self) -> Client:
         return self._client
 
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine that uses ``client`` on the client's loop; wait for its result."""
+        return self._call(coroutine)
+
     def put_blob(self, data: bytes) -> BlobRef:
         return self._call(self._client.put_blob(data))
 
@@ -92,8 +96,12 @@ class SyncClient:
     def get_record(self, key: str) -> RecordValue | None:
         return self._call(self._client.get_record(key))
 
-    def put_record(self, key: str, value: bytes, *, expected_version: int) -> int:
-        return self._call(self._client.put_record(key, value, expected_version=expected_version))
+    def put_record(
+        self, key: str, value: bytes, *, expected_version: int, refs: Sequence[str] = ()
+    ) -> int:
+        return self._call(
+            self._client.put_record(key, value, expected_version=expected_version, refs=refs)
+        )
 
     def list_records(self, prefix: str = "") -> dict[str, int]:
         return self._call(self._client.list_records(prefix))
