@@ -1,0 +1,362 @@
+"""Pushing a query's committed batches to the ring and pulling the newest one back.
+
+``StateSync.push(batch)`` cuts the checkpoint directory at a committed batch
+(``spark_connector.checkpoint``), uploads the files the ring does not hold yet (files of
+a checkpoint are written once, so a file seen before with the same size and mtime is
+not read again), writes the manifest (after every chunk it names is on its write
+quorum) and moves the ``latest`` pointer. ``StateSync.restore()`` fetches the newest
+manifest's chunks along a recovery topology into an empty directory, verifies every file
+against its digest, and renames the directory into place.
+
+``StateSync.register(query)`` pushes off the query's path: a ``StreamingQueryListener``
+(its progress event comes after ``commits/N`` is written) notes the newest committed
+batch, and one worker thread pushes the newest batch it has not pushed yet (batches
+that committed while it was busy are covered by the next cut). ``lag_batches`` says how
+far pushing is behind; past ``lag_batches_warn`` it is logged as a warning on every
+batch. ``flush(timeout_s)`` waits until the newest committed batch is on the ring; call
+it from ``foreachBatch`` to hold a query back while pushing is behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from recovery.executor import RecoveryResult, recover
+from recovery.plan import Topology, parse_topology
+from spark_connector.checkpoint import read_cut
+from spark_connector.manifest import (
+    Manifest,
+    ManifestFile,
+    check_query_name,
+    latest_key,
+    manifest_key,
+)
+from sr3.blobs import BlobRef
+from sr3.client import ClientOptions, file_source
+from sr3.codec import compact_json
+from sr3.config import resolve
+from sr3.errors import ConfigError, ProtocolError, SR3Error
+from sr3.files import file_digest, fsync_dir
+from sr3.sync import SyncClient
+
+__all__ = ["PushReport", "StateSync"]
+
+log = logging.getLogger(__name__)
+
+PUSH_ATTEMPTS_MAX = 3
+LAG_BATCHES_WARN_DEFAULT = 3
+PUSH_RETRY_S_MAX = 30.0
+# Small files whose contents may name the checkpoint's absolute path (transformWithState
+# operator metadata): rewritten when a state is restored into another directory.
+REWRITE_BYTES_MAX = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PushReport:
+    batch_id: int
+    files: int
+    bytes_total: int
+    bytes_read: int  # bytes of files new since the last push (read and uploaded)
+    manifest_version: int
+
+
+class StateSync:
+    def __init__(
+        self,
+        ring: str | None = None,
+        query: str = "",
+        checkpoint_dir: str | Path = "",
+        secret: str | None = None,
+        *,
+        client_options: ClientOptions | None = None,
+        lag_batches_warn: int = LAG_BATCHES_WARN_DEFAULT,
+    ) -> None:
+        self.query = check_query_name(query)
+        if not str(checkpoint_dir):
+            raise ConfigError("a checkpoint directory is required")
+        self.checkpoint_dir = Path(checkpoint_dir).resolve()
+        settings = resolve(ring, secret)
+        self._client = SyncClient(settings.ring, settings.secret, options=client_options)
+        # path -> (size, mtime_ns, blob) of files already on the ring
+        self._known: dict[str, tuple[int, int, BlobRef]] = {}
+        self.lag_batches_warn = lag_batches_warn
+        self._changed = threading.Condition()
+        self._newest_committed = -1
+        self._newest_pushed = -1
+        self._closing = False
+        self._worker: threading.Thread | None = None
+        self._listener: Any = None
+        self._spark_streams: Any = None
+        self.last_error: str | None = None
+
+    def close(self) -> None:
+        """Stop pushing (the batch being pushed is finished first) and close the client."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        if self._worker is not None:
+            self._worker.join()
+        if self._listener is not None and self._spark_streams is not None:
+            self._spark_streams.removeListener(self._listener)
+        self._client.close()
+
+    # -- pushing on every commit ----------------------------------------------------------
+
+    def register(self, query: Any) -> None:
+        """Push every batch ``query`` commits from now on (the newest first)."""
+        from spark_connector.listener import make_listener
+
+        self.start()
+        self._spark_streams = query.sparkSession.streams
+        self._listener = make_listener(str(query.id), self.committed)
+        self._spark_streams.addListener(self._listener)
+
+    def start(self) -> None:
+        """Start the push worker: from now on every ``committed(batch)`` is pushed."""
+        if self._worker is not None:
+            raise ConfigError("this StateSync is already pushing")
+        self._worker = threading.Thread(target=self._push_loop, name="sr3-push", daemon=True)
+        self._worker.start()
+
+    def committed(self, batch_id: int) -> None:
+        """Note that ``batch_id`` committed (called by the listener, or by hand)."""
+        with self._changed:
+            self._newest_committed = max(self._newest_committed, batch_id)
+            self._changed.notify_all()
+        if self.lag_batches > self.lag_batches_warn:
+            log.warning(
+                "sr3 push of query %s is %d batches behind (newest committed %d, pushed %d)",
+                self.query, self.lag_batches, self._newest_committed, self._newest_pushed,
+            )  # fmt: skip
+
+    @property
+    def lag_batches(self) -> int:
+        return max(0, self._newest_committed - self._newest_pushed)
+
+    def _push_loop(self) -> None:
+        failures = 0
+        while True:
+            with self._changed:
+                while not self._closing and self._newest_committed <= self._newest_pushed:
+                    self._changed.wait()
+                if self._closing:
+                    return
+                wanted = self._newest_committed
+            try:
+                report = self.push(wanted)
+            except SR3Error as exc:
+                failures += 1
+                self.last_error = str(exc)
+                log.error("sr3 push of batch %d failed (%d in a row): %s", wanted, failures, exc)
+                with self._changed:
+                    self._changed.wait(min(PUSH_RETRY_S_MAX, 0.5 * 2**failures))
+                continue
+            failures = 0
+            with self._changed:
+                self._newest_pushed = max(self._newest_pushed, report.batch_id)
+                self._changed.notify_all()
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Wait until the newest committed batch seen is on the ring."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._newest_pushed < self._newest_committed:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._worker is None:
+                    raise SR3Error(
+                        f"batch {self._newest_committed} of query {self.query} is not on the "
+                        f"ring after {timeout_s:.0f} s (pushed: {self._newest_pushed}; "
+                        f"last error: {self.last_error})"
+                    )
+                self._changed.wait(left)
+
+    # -- push ---------------------------------------------------------------------------
+
+    def push(self, batch_id: int | None = None) -> PushReport:
+        """Put the cut of ``batch_id`` (default: the newest committed) on the ring."""
+        for attempt in range(1, PUSH_ATTEMPTS_MAX + 1):
+            try:
+                return self._push_once(batch_id)
+            except FileNotFoundError as exc:
+                # Maintenance deleted a file between listing and reading: list again.
+                log.info("push attempt %d: %s vanished; listing again", attempt, exc.filename)
+        raise SR3Error(f"files kept vanishing while pushing {self.checkpoint_dir}")
+
+    def _push_once(self, batch_id: int | None) -> PushReport:
+        cut = read_cut(self.checkpoint_dir, batch_id)
+        files: dict[str, BlobRef] = {}
+        fresh: list[tuple[str, int, int]] = []
+        for entry in cut.files:
+            stat = (self.checkpoint_dir / entry.path).stat()
+            known = self._known.get(entry.path)
+            if known is not None and known[:2] == (stat.st_size, stat.st_mtime_ns):
+                files[entry.path] = known[2]
+            else:
+                fresh.append((entry.path, stat.st_size, stat.st_mtime_ns))
+        sources = [file_source(self.checkpoint_dir / path) for path, _, _ in fresh]
+        for (path, size, mtime_ns), blob in zip(
+            fresh, self._client.put_sources(sources), strict=True
+        ):
+            files[path] = blob
+            self._known[path] = (size, mtime_ns, blob)
+        manifest = Manifest(
+            self.query, cut.batch_id, cut.state_version, str(self.checkpoint_dir),
+            tuple(ManifestFile(path, files[path]) for path in sorted(files)),
+        )  # fmt: skip
+        version = self._write_manifest(manifest)
+        self._move_latest(cut.batch_id)
+        return PushReport(
+            cut.batch_id, len(files), manifest.size, sum(size for _, size, _ in fresh), version
+        )
+
+    def _write_manifest(self, manifest: Manifest) -> int:
+        key = manifest_key(self.query, manifest.batch_id)
+        current = self._client.get_record(key)
+        return self._client.put_record(
+            key,
+            compact_json(manifest.to_json()),
+            expected_version=current.version if current else 0,
+            refs=manifest.chunk_ids(),
+        )
+
+    def _move_latest(self, batch_id: int) -> None:
+        key = latest_key(self.query)
+        current = self._client.get_record(key)
+        if current is not None and _pointer(current.value) >= batch_id:
+            return
+        self._client.put_record(
+            key,
+            compact_json({"batch_id": batch_id}),
+            expected_version=current.version if current else 0,
+        )
+
+    # -- restore ------------------------------------------------------------------------
+
+    def latest_batch(self) -> int | None:
+        record = self._client.get_record(latest_key(self.query))
+        return None if record is None else _pointer(record.value)
+
+    def manifest(self, batch_id: int) -> Manifest:
+        record = self._client.get_record(manifest_key(self.query, batch_id))
+        if record is None:
+            raise SR3Error(f"query {self.query!r} has no manifest for batch {batch_id}")
+        return Manifest.from_json(json.loads(record.value))
+
+    def restore(
+        self,
+        topology: Topology | str = "auto",
+        *,
+        batch_id: int | None = None,
+        overwrite: bool = False,
+    ) -> int | None:
+        """Restore the newest (or the given) batch into the checkpoint directory; the
+        batch id, or None when the ring has no batch of this query."""
+        batch_id = self.latest_batch() if batch_id is None else batch_id
+        if batch_id is None:
+            return None
+        manifest = self.manifest(batch_id)
+        target = self.checkpoint_dir
+        if target.exists() and any(target.iterdir()) and not overwrite:
+            raise ConfigError(f"{target} is not empty (pass overwrite=True to replace it)")
+        staging = target.with_name(f".{target.name}.sr3-restoring")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            self._fetch(manifest, staging, topology)
+            _rewrite_root(staging, manifest.root, str(target))
+            _swap_in(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return batch_id
+
+    def _fetch(self, manifest: Manifest, staging: Path, topology: str) -> RecoveryResult:
+        writer = _Writer(staging, manifest.files)
+        try:
+            result = self._client.run(
+                recover(self._client.client, manifest.chunk_ids(), _topology(topology), writer.sink)
+            )
+        finally:
+            writer.close()
+        writer.verify()
+        return result
+
+
+def _pointer(value: bytes) -> int:
+    try:
+        return int(json.loads(value)["batch_id"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"malformed latest pointer: {exc!r}") from exc
+
+
+def _topology(name: str) -> Topology | Literal["auto"]:
+    if name == "auto":
+        return "auto"
+    try:
+        return parse_topology(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+class _Writer:
+    """Writes chunks, in any order, at their extents' offsets in every file they hold."""
+
+    def __init__(self, root: Path, files: Sequence[ManifestFile]) -> None:
+        self.files = files
+        self.paths = [root / f.path for f in files]
+        self.placements: dict[str, list[tuple[int, int, int, int]]] = {}
+        self.fds: list[int] = []
+        for index, (file, path) in enumerate(zip(files, self.paths, strict=True)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self.fds.append(fd)
+            os.ftruncate(fd, file.blob.size)
+            offset = 0
+            for extent in file.blob.extents:
+                self.placements.setdefault(extent.chunk_id, []).append(
+                    (index, offset, extent.offset, extent.length)
+                )
+                offset += extent.length
+
+    async def sink(self, chunk_id: str, raw: bytes) -> None:
+        for index, file_offset, chunk_offset, length in self.placements[chunk_id]:
+            os.pwrite(self.fds[index], raw[chunk_offset : chunk_offset + length], file_offset)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.fsync(fd)
+            os.close(fd)
+        self.fds = []
+
+    def verify(self) -> None:
+        for file, path in zip(self.files, self.paths, strict=True):
+            if file_digest(path) != file.blob.digest:
+                raise SR3Error(f"restored {file.path} does not match its digest")
+        for directory in {path.parent for path in self.paths}:
+            fsync_dir(directory)
+
+
+def _rewrite_root(staging: Path, old_root: str, new_root: str) -> None:
+    """Point small metadata files that name the old checkpoint path at the new one."""
+    if old_root == new_root:
+        return
+    old, new = old_root.encode(), new_root.encode()
+    for path in staging.glob("state/*/_metadata/**/*"):
+        if path.is_file() and path.stat().st_size <= REWRITE_BYTES_MAX:
+            data = path.read_bytes()
+            if old in data:
+                path.write_bytes(data.replace(old, new))
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
+    fsync_dir(target.parent)

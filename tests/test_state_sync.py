@@ -1,0 +1,118 @@
+"""The connector's synchronous core (spark_connector.sync) on a real ring, with a
+checkpoint directory laid out exactly as Spark 4.3 wrote one (the listing in
+tests/fixtures, files filled with seeded bytes).
+
+What it breaks: a second batch commits, two peers are SIGKILLed before the restore, the
+restore goes to another directory. What must hold: a push uploads only files it has not
+uploaded before; the restore gives back every file of the newest batch's cut
+byte-identical and nothing else; a non-empty target is refused; a query the ring does
+not know restores to None.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from spark_connector.checkpoint import read_cut
+from spark_connector.sync import StateSync
+from sr3.errors import ConfigError, SR3Error
+from sr3.local import LocalCluster
+from tests.conftest import MakeCluster
+
+LISTING = Path(__file__).parent / "fixtures" / "spark_4_3_listings" / "hdfs_aggregation.txt"
+
+
+def materialize(root: Path, rng: random.Random) -> None:
+    for line in LISTING.read_text().splitlines():
+        if not line.strip() or line.startswith(("#", "@")):
+            continue
+        size, path = line.split(" ", 1)
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(rng.randbytes(int(size)))
+
+
+def commit_next_batch(root: Path, rng: random.Random) -> list[Path]:
+    """Write what Spark writes for batch 20: offsets, state version 21, then the commit."""
+    written = [root / "offsets" / "20"]
+    for partition in ("0", "1"):
+        written.append(root / "state" / "0" / partition / "21.delta")
+    written.append(root / "commits" / "20")
+    for path in written:
+        path.write_bytes(rng.randbytes(rng.randrange(90, 1200)))
+    return written
+
+
+def test_push_uploads_only_new_files_and_restore_returns_the_cut(
+    make_cluster: MakeCluster, tmp_path: Path, rng: random.Random
+) -> None:
+    cluster: LocalCluster = make_cluster(5)
+    source = tmp_path / "ckpt"
+    materialize(source, rng)
+    sync = StateSync(cluster.ring, "sessions", source, cluster.secret)
+    try:
+        first = sync.push()
+        assert first.batch_id == 19 and first.bytes_read == first.bytes_total > 0
+        again = sync.push()
+        assert again.bytes_read == 0, "unchanged files were uploaded again"
+        new_files = commit_next_batch(source, rng)
+        second = sync.push()
+        assert second.batch_id == 20
+        # Only what batch 20 added is read: its new files (the cut also drops old ones).
+        assert second.bytes_read == sum(path.stat().st_size for path in new_files)
+        assert sync.latest_batch() == 20
+    finally:
+        sync.close()
+    cut = read_cut(source, 20)
+    for peer_id in rng.sample([p.peer_id for p in cluster.cluster.peers], 2):
+        cluster.kill(peer_id)
+    target = tmp_path / "restored"
+    restorer = StateSync(cluster.ring, "sessions", target, cluster.secret)
+    try:
+        assert restorer.restore(topology="line") == 20
+        restored = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+        assert restored == sorted(entry.path for entry in cut.files)
+        for entry in cut.files:
+            assert (target / entry.path).read_bytes() == (source / entry.path).read_bytes()
+        with pytest.raises(ConfigError, match="not empty"):
+            restorer.restore()
+        assert restorer.restore(overwrite=True) == 20
+    finally:
+        restorer.close()
+    unknown = StateSync(cluster.ring, "never-pushed", tmp_path / "none", cluster.secret)
+    try:
+        assert unknown.restore() is None
+    finally:
+        unknown.close()
+
+
+def test_worker_pushes_the_newest_committed_batch_and_flush_waits_for_it(
+    make_cluster: MakeCluster, tmp_path: Path, rng: random.Random
+) -> None:
+    """Holds: batches noted as committed reach the ring in the background; flush returns
+    once the newest one is there; a flush without a worker says so instead of hanging."""
+    cluster: LocalCluster = make_cluster(3)
+    source = tmp_path / "ckpt"
+    materialize(source, rng)
+    idle = StateSync(cluster.ring, "idle", source, cluster.secret)
+    try:
+        idle.committed(19)
+        with pytest.raises(SR3Error, match="not on the ring"):
+            idle.flush(timeout_s=0.1)
+    finally:
+        idle.close()
+    sync = StateSync(cluster.ring, "worker", source, cluster.secret)
+    try:
+        sync.start()
+        sync.committed(19)
+        sync.flush(timeout_s=60)
+        assert sync.latest_batch() == 19 and sync.lag_batches == 0
+        commit_next_batch(source, rng)
+        sync.committed(20)
+        sync.flush(timeout_s=60)
+        assert sync.latest_batch() == 20
+    finally:
+        sync.close()
