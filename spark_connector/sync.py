@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 PUSH_ATTEMPTS_MAX = 3
 LAG_BATCHES_WARN_DEFAULT = 3
 PUSH_RETRY_S_MAX = 30.0
+PUSH_FAILURES_MAX = 8
 # Small files whose contents may name the checkpoint's absolute path (transformWithState
 # operator metadata): rewritten when a state is restored into another directory.
 REWRITE_BYTES_MAX = 1024 * 1024
@@ -144,9 +145,12 @@ class StateSync:
 
     def _push_loop(self) -> None:
         failures = 0
+        given_up = -1
         while True:
             with self._changed:
-                while not self._closing and self._newest_committed <= self._newest_pushed:
+                while not self._closing and self._newest_committed <= max(
+                    self._newest_pushed, given_up
+                ):
                     self._changed.wait()
                 if self._closing:
                     return
@@ -157,6 +161,11 @@ class StateSync:
                 failures += 1
                 self.last_error = str(exc)
                 log.error("sr3 push of batch %d failed (%d in a row): %s", wanted, failures, exc)
+                if failures >= PUSH_FAILURES_MAX:
+                    # Bounded retries: wait for the next commit, whose cut may succeed.
+                    log.error("sr3 gives up pushing batch %d; waiting for a newer one", wanted)
+                    given_up, failures = wanted, 0
+                    continue
                 with self._changed:
                     self._changed.wait(min(PUSH_RETRY_S_MAX, 0.5 * 2**failures))
                 continue

@@ -11,6 +11,7 @@ not know restores to None.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -22,7 +23,26 @@ from sr3.errors import ConfigError, SR3Error
 from sr3.local import LocalCluster
 from tests.conftest import MakeCluster
 
+SPARK_CONF = {"spark.sql.shuffle.partitions": "2"}
 LISTING = Path(__file__).parent / "fixtures" / "spark_4_3_listings" / "hdfs_aggregation.txt"
+
+
+def offsets_file(batch_id: int, size: int) -> bytes:
+    """An offsets log entry as Spark writes it (version, metadata with the conf that pins
+    the state partitions, source offset), padded to ``size``."""
+    metadata = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": batch_id, "conf": SPARK_CONF})
+    body = f'v1\n{metadata}\n{{"logOffset":{batch_id}}}'.encode()
+    return body + b" " * max(0, size - len(body))
+
+
+def write_file(root: Path, path: str, size: int, rng: random.Random) -> Path:
+    target = root / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if path.startswith("offsets/") and path.rpartition("/")[2].isdigit():
+        target.write_bytes(offsets_file(int(path.rpartition("/")[2]), size))
+    else:
+        target.write_bytes(rng.randbytes(size))
+    return target
 
 
 def materialize(root: Path, rng: random.Random) -> None:
@@ -30,20 +50,13 @@ def materialize(root: Path, rng: random.Random) -> None:
         if not line.strip() or line.startswith(("#", "@")):
             continue
         size, path = line.split(" ", 1)
-        target = root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(rng.randbytes(int(size)))
+        write_file(root, path, int(size), rng)
 
 
 def commit_next_batch(root: Path, rng: random.Random) -> list[Path]:
     """Write what Spark writes for batch 20: offsets, state version 21, then the commit."""
-    written = [root / "offsets" / "20"]
-    for partition in ("0", "1"):
-        written.append(root / "state" / "0" / partition / "21.delta")
-    written.append(root / "commits" / "20")
-    for path in written:
-        path.write_bytes(rng.randbytes(rng.randrange(90, 1200)))
-    return written
+    paths = ["offsets/20", "state/0/0/21.delta", "state/0/1/21.delta", "commits/20"]
+    return [write_file(root, path, rng.randrange(90, 1200), rng) for path in paths]
 
 
 def test_push_uploads_only_new_files_and_restore_returns_the_cut(
