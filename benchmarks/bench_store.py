@@ -11,10 +11,18 @@ One run measures, on the same machine and data:
   ``sr3.client.Client``: ``put_file`` (chunked, compressed, replicated, fsynced, verified
   on the peer before it is written) and ``get_file`` (verified end to end, fsynced).
 
-Both outputs are compared with the input by SHA-256. Throughput is MB/s of raw data
-(10^6 bytes/s); the ratios sr3/baseline are checked against the targets (read >= 0.5x,
-write >= 0.25x). Each repeat starts a fresh cluster and a fresh baseline server; the
-medians are reported. Run from the repository root:
+Both outputs are compared with the input by SHA-256 (not timed). Throughput is MB/s of
+raw data (10^6 bytes/s); the ratios sr3/baseline are checked against the targets (read
+>= 0.5x, write >= 0.25x). Each repeat starts a fresh cluster and a fresh baseline server;
+the medians are reported. Every timed phase starts after ``sync`` and ``--settle-s`` idle
+seconds (see ``timed``). Context recorded with the figures: the compression ratio (bytes
+stored on all peers / (raw size x R)), and the CPU seconds of the client and of the
+server processes in each phase, as "cores busy": a figure near the core count means the
+phase is CPU-bound on this machine, where client and servers share the cores.
+
+Differences kept on purpose: the baseline sends every byte once and raw, sr3 sends
+compressed bytes R times; sr3's read fsyncs its output (``get_file`` is atomic and
+durable), the baseline's does not. Run from the repository root:
 
     python benchmarks/bench_store.py [--size 1GiB] [--peers 5] [--repeat 1]
                                      [--out benchmarks/results/store.json]
@@ -30,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
@@ -77,6 +86,7 @@ class Setup:
 
     work: Path
     path: Path
+    source_sha256: str
     peers: int
     options: ClientOptions
     settle_s: float
@@ -311,7 +321,7 @@ def measure_baseline(setup: Setup, repeat: int) -> Trial:
         trial = asyncio.run(baseline_round(setup, base_url, process.pid, out_path))
     finally:
         stop_process(process)
-    check_identical(setup.path, out_path, "baseline")
+    check_identical(setup, out_path, "baseline")
     out_path.unlink()
     remove_tree(directory)
     return trial
@@ -355,7 +365,7 @@ def measure_sr3(setup: Setup, repeat: int) -> Trial:
         trial = asyncio.run(sr3_round(setup, cluster, out_path))
     finally:
         cluster.down(purge=True)
-    check_identical(setup.path, out_path, "sr3")
+    check_identical(setup, out_path, "sr3")
     out_path.unlink()
     remove_tree(home)
     return trial
@@ -372,19 +382,12 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-_expected_digests: dict[Path, str] = {}
-
-
-def check_identical(original: Path, copy: Path, label: str) -> None:
-    if original not in _expected_digests:
-        _expected_digests[original] = sha256_file(original)
-    if sha256_file(copy) != _expected_digests[original]:
-        raise RuntimeError(f"{label}: the read-back file differs from the original")
+def check_identical(setup: Setup, copy: Path, label: str) -> None:
+    if sha256_file(copy) != setup.source_sha256:
+        raise RuntimeError(f"{label}: the file read back differs from the original")
 
 
 def remove_tree(directory: Path) -> None:
-    import shutil
-
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -443,6 +446,13 @@ def build_report(
         "chunk_count": statistics.median(trial.chunk_count or 0 for trial in ours),
         "baseline": baseline,
         "sr3": sr3,
+        "notes": [
+            "MB/s = raw bytes / 10^6 / wall seconds of the phase, median over repeats",
+            "baseline: one raw copy per byte, no fsync, no verification, no compression",
+            "sr3: zstd-compressed chunks on R peers, fsynced and verified on each peer; "
+            "the read is verified end to end and fsyncs its output",
+            "cores_busy = (client + server CPU seconds) / wall seconds of the phase",
+        ],
         "runs": {
             "baseline": [asdict(trial) for trial in base],
             "sr3": [asdict(trial) for trial in ours],
@@ -503,9 +513,11 @@ def run(
     if load_average > 1.0:
         log(f"warning: load average {load_average:.2f} before the run; figures will be noisy")
     with tempfile.TemporaryDirectory(prefix="sr3-bench-store-") as temporary:
-        setup = Setup(Path(temporary), Path(temporary) / "state.bin", peers, options, settle_s)
+        work = Path(temporary)
         log(f"generating {size_bytes} bytes of state-like data")
-        write_state_file(setup.path, size_bytes, SEED)
+        write_state_file(work / "state.bin", size_bytes, SEED)
+        source_sha256 = sha256_file(work / "state.bin")
+        setup = Setup(work, work / "state.bin", source_sha256, peers, options, settle_s)
         for index in range(repeat):
             base.append(measure_baseline(setup, index))
             log(f"baseline {index + 1}/{repeat}: {describe(size_bytes, base[-1])}")
