@@ -117,14 +117,6 @@ class Gossiper:
         idle = [address for address in known if address not in busy]
         return self._rng.sample(idle, min(self.fanout, len(idle)))
 
-    async def round(self) -> None:
-        """Beat and exchange with ``fanout`` peers, waiting for every exchange."""
-        self.table.beat()
-        async with asyncio.TaskGroup() as group:
-            for address in self.targets():
-                group.create_task(self.exchange(address))
-        await self._finish_round()
-
     async def _finish_round(self) -> None:
         self.rounds += 1
         if self._changed and self.on_change is not None:
