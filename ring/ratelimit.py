@@ -55,6 +55,8 @@ class ForegroundGate:
 
     QUIET_S = 0.05
     POLL_S = 0.01
+    # Longest one background step waits for foreground reads to pause.
+    WAIT_S_MAX = 0.5
 
     def __init__(
         self,
@@ -77,7 +79,7 @@ class ForegroundGate:
     def busy(self) -> bool:
         return self._in_flight > 0 or self._clock() - self._last_active < self.QUIET_S
 
-    async def quiet(self, wait_s_max: float) -> None:
+    async def quiet(self, wait_s_max: float = WAIT_S_MAX) -> None:
         deadline = self._clock() + wait_s_max
         while self.busy and self._clock() < deadline:
             await self._sleep(self.POLL_S)

@@ -12,7 +12,7 @@ peer holds, under the placement its member table gives now:
    holds is counted as lost.
 
 Pushes go through a token bucket (``rate_bytes_s``) with at most ``transfers_max`` in
-flight, and each waits (up to ``FOREGROUND_WAIT_S_MAX``) for a pause in this peer's
+flight, and each waits (up to ``ForegroundGate.WAIT_S_MAX``) for a pause in this peer's
 foreground reads, so that those are not starved. The figures of the last finished round
 (under-replicated and lost chunks, bytes moved) are what ``/v1/info`` and ``sr3 status``
 report.
@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 
 BATCH_IDS_MAX = 10_000
 PUSH_BATCH_MAX = 64
-# Longest a push waits for this peer's foreground reads to pause.
-FOREGROUND_WAIT_S_MAX = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +193,7 @@ class Repairer:
             if stored is None:
                 return False
             if self._foreground is not None:
-                await self._foreground.quiet(FOREGROUND_WAIT_S_MAX)
+                await self._foreground.quiet()
             await self._bucket.acquire(len(stored))
             try:
                 await self._transport.request(

@@ -28,7 +28,6 @@ __all__ = ["ScrubStats", "Scrubber"]
 log = logging.getLogger(__name__)
 
 IDLE_PAUSE_S = 1.0
-FOREGROUND_WAIT_S_MAX = 0.5
 
 
 @dataclass(slots=True)
@@ -75,7 +74,7 @@ class Scrubber:
             if size is None:
                 continue
             if self._foreground is not None:
-                await self._foreground.quiet(FOREGROUND_WAIT_S_MAX)
+                await self._foreground.quiet()
             await self._bucket.acquire(size)
             try:
                 if await self.chunks.verify(chunk_id):
