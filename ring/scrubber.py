@@ -60,10 +60,14 @@ class Scrubber:
         self._ring = ring
         self._transport = transport
         self._replication = replication
+        self.enabled = rate_bytes_s > 0
         self._bucket = TokenBucket(rate_bytes_s, 4 * 1024 * 1024, time.monotonic)
         self.stats = ScrubStats()
 
     async def run(self) -> None:
+        """Scrub pass after pass until cancelled; returns at once when disabled (rate 0)."""
+        if not self.enabled:
+            return
         while True:
             await self.scrub_pass()
             await asyncio.sleep(IDLE_PAUSE_S)

@@ -156,7 +156,10 @@ def _seeds(text: str) -> tuple[str, ...]:
 @click.option("--gossip-interval", default=1.0, show_default=True, type=click.FloatRange(0.05))
 @click.option("--repair-interval", default=10.0, show_default=True, type=click.FloatRange(0.05))
 @click.option("--repair-rate", default="64MB/s", show_default=True, help="Repair bandwidth cap.")
-@click.option("--scrub-rate", default="8MB/s", show_default=True, help="Scrubber read rate cap.")
+@click.option(
+    "--scrub-rate", default="8MB/s", show_default=True,
+    help="Scrubber read rate cap (0: no scrubbing).",
+)  # fmt: skip
 @click.option("--overlay/--no-overlay", default=True, help="Run the Kademlia discovery overlay.")
 @click.option("--seed", "rng_seed", type=int, help="Seed for gossip partner choice (replays).")
 @click.option(

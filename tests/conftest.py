@@ -69,8 +69,15 @@ def start_cluster(home: Path, peers: int, **options: object) -> LocalCluster:
 
 @pytest.fixture(scope="session")
 def ring5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """One running 5-peer cluster (R=3, W=2) for the whole session."""
-    cluster = start_cluster(tmp_path_factory.mktemp("ring5"), 5)
+    """One running 5-peer cluster (R=3, W=2) for the whole session. Its background
+    healing is off (no scrubbing, repair once an hour): tests on it look at exactly the
+    damage they did, which repair would otherwise race to undo. Healing is tested on
+    clusters of its own (test_healing.py)."""
+    cluster = start_cluster(
+        tmp_path_factory.mktemp("ring5"),
+        5,
+        peer_flags=["--scrub-rate", "0", "--repair-interval", "3600"],
+    )
     yield cluster
     cluster.down(purge=True)
 
