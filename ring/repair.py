@@ -110,14 +110,16 @@ class Repairer:
         )
 
     async def run(self) -> None:
+        """A round every ``interval_s``, the first one interval after start: a peer that
+        just (re)joined lets its member table settle before it copies or deletes."""
         while True:
+            await asyncio.sleep(self.settings.interval_s)
             try:
                 await self.round()
             except SR3Error as exc:
                 log.warning(
                     "repair round failed, next in %.0f s: %s", self.settings.interval_s, exc
                 )
-            await asyncio.sleep(self.settings.interval_s)
 
     async def round(self) -> RoundReport:
         report = RoundReport(started_at=self._clock())
