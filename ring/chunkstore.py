@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ __all__ = ["ChunkStore", "StoreStats", "write_file_atomic"]
 log = logging.getLogger(__name__)
 
 IO_CONCURRENCY_DEFAULT = 4
+# Collected chunks wait in the tmp folder under this prefix until the trash is emptied.
+TRASH_PREFIX = "gc-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,9 @@ class ChunkStore:
         self._io = asyncio.Semaphore(io_concurrency)
         self._write_file = write_file
         self._index: dict[str, int] = {}
+        # chunk id -> time.monotonic() of its last store (new or repeated), since start:
+        # chunk collection leaves recently stored chunks alone.
+        self._last_stored: dict[str, float] = {}
         self._stored_bytes = 0
         self._quarantined = 0
         self.on_corrupt: Callable[[str, str], None] | None = None
@@ -119,6 +125,7 @@ class ChunkStore:
 
     async def put(self, chunk_id: str, stored: bytes) -> bool:
         """Verify and durably store a chunk. False if it was already present."""
+        self._last_stored[chunk_id] = time.monotonic()
         if chunk_id in self._index:
             return False
         # Checked before it is written: the full decode proves header, payload and address.
@@ -187,6 +194,27 @@ class ChunkStore:
             await asyncio.to_thread(self._path(chunk_id).unlink, True)
         self._forget(chunk_id)
         return True
+
+    def discard_if_idle(self, chunk_id: str, idle_before: float) -> int | None:
+        """Collect a chunk not stored since ``idle_before`` (``time.monotonic()``): its
+        file moves out of place at once, so no store can slip in between this decision
+        and the removal (``empty_trash`` deletes it). Its stored size, or None if kept."""
+        size = self._index.get(chunk_id)
+        if size is None or self._last_stored.get(chunk_id, float("-inf")) > idle_before:
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self._path(chunk_id), self._tmp_dir / f"{TRASH_PREFIX}{chunk_id}")
+        self._forget(chunk_id)
+        self._last_stored.pop(chunk_id, None)
+        return size
+
+    async def empty_trash(self) -> None:
+        def empty() -> None:
+            for entry in self._tmp_dir.glob(f"{TRASH_PREFIX}*"):
+                entry.unlink(missing_ok=True)
+
+        async with self._io:
+            await asyncio.to_thread(empty)
 
     async def quarantine(self, chunk_id: str, reason: str) -> None:
         log.error("chunk %s is corrupt and was quarantined: %s", chunk_id, reason)

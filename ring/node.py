@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ring.chunkstore import ChunkStore, write_file_atomic
+from ring.gc import ChunkCollector, GcSettings
 from ring.gossip import Gossiper, decode_table
 from ring.hints import HintStore
 from ring.membership import Entry, MemberTable, Timeouts
@@ -83,7 +84,7 @@ class Node:
             capacity_bytes=config.capacity_bytes,
             io_concurrency=config.io_concurrency,
         )
-        self.records = RecordStore(config.data_dir)
+        self.records = RecordStore(config.data_dir, tombstone_ttl_s=config.tombstone_ttl_s)
         self.hints = HintStore(config.data_dir)
         self.data_transport = Transport(config.secret)
         self.control_transport = Transport(config.secret, timeouts=CONTROL_TIMEOUTS)
@@ -102,6 +103,7 @@ class Node:
         self._gossiper: Gossiper | None = None
         self._repairer: Repairer | None = None
         self._scrubber: Scrubber | None = None
+        self._collector: ChunkCollector | None = None
 
     # Built in open(): they need the epoch read from disk.
     @property
@@ -118,6 +120,11 @@ class Node:
     def repairer(self) -> Repairer:
         assert self._repairer is not None, "Node.open() first"
         return self._repairer
+
+    @property
+    def collector(self) -> ChunkCollector:
+        assert self._collector is not None, "Node.open() first"
+        return self._collector
 
     @property
     def scrubber(self) -> Scrubber:
@@ -162,6 +169,11 @@ class Node:
             foreground=self.foreground,
         )  # fmt: skip
 
+        self._collector = ChunkCollector(
+            config.peer_id, self._table, self.chunks, self.records, self.control_transport,
+            GcSettings(config.gc_interval_s, config.gc_grace_s),
+        )  # fmt: skip
+
     async def _save_members(self) -> None:
         """Remember the member table, so that a restarted peer knows the ring at once."""
         entries = [entry.to_json() for entry in self.table.entries()]
@@ -198,6 +210,7 @@ class Node:
             group.create_task(self.gossiper.run())
             group.create_task(self._repair_when_ready())
             group.create_task(self.scrubber.run())
+            group.create_task(self._collect_when_ready())
             group.create_task(self._leave_when_asked())
 
     async def _join_overlay(self) -> None:
@@ -212,6 +225,10 @@ class Node:
     async def _repair_when_ready(self) -> None:
         await self.gossiper.ready.wait()
         await self.repairer.run()
+
+    async def _collect_when_ready(self) -> None:
+        await self.gossiper.ready.wait()
+        await self.collector.run()
 
     async def _leave_when_asked(self) -> None:
         await self.leaving.wait()

@@ -17,12 +17,14 @@ HTTP API (all under ``/v1`` except metrics; every route but health is authentica
     HEAD   /v1/chunks/{id}                200 if present, 404 if not
     POST   /v1/chunks/exists              {"ids": [...]} -> {"present": [...]}; with
                                           "sizes": true also {"stored_bytes": {id: n}}
-    GET    /v1/records?prefix=P&limit=N   record keys and versions
+    GET    /v1/records?prefix=P&limit=N[&deleted=1]   record keys and versions (and tombstones)
     GET    /v1/records/{key}              value as body, version in X-SR3-Version
     POST   /v1/records/versions           {"keys": [...]} -> {"versions": {key: n}}
     PUT    /v1/records/{key}?expected_version=N[&refs=K]  compare-and-set, 409 if stale
     PUT    /v1/records/{key}?version=N[&refs=K]           repair copy, kept if newer
-    DELETE /v1/records/{key}?expected_version=N
+    DELETE /v1/records/{key}?expected_version=N    tombstone as N+1 (404 "deleted" on GET)
+    PUT    /v1/records/{key}?version=N&deleted=1   repair copy of a tombstone
+    GET    /v1/refs                       chunk ids live records here reference (16 B each)
     GET    /metrics                       Prometheus text (signed, or the metrics bearer token)
 
 Extensions add routes from outside ``ring`` (``build_app(node, extensions)``), behind the
@@ -50,6 +52,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ring.auth import ANY_TARGET, AuthFailure, Verifier
+from ring.gc import REFS_ANSWER_MAX
 from ring.metrics import PeerMetrics
 from ring.node import Node
 from ring.peer_config import PeerConfig
@@ -163,6 +166,16 @@ class Peer:
             "Corrupt chunks the scrubber restored.",
             lambda: node.scrubber.stats.repaired,
         )
+        gauge(
+            "sr3_gc_chunks_collected",
+            "Unreferenced chunks deleted by chunk collection.",
+            lambda: node.collector.totals.chunks_collected,
+        )
+        gauge(
+            "sr3_gc_bytes_collected",
+            "Stored bytes freed by chunk collection.",
+            lambda: node.collector.totals.bytes_collected,
+        )
 
     # -- middleware ---------------------------------------------------------------------
 
@@ -242,6 +255,12 @@ class Peer:
                     "hints_delivered_total": node.repairer.totals.hints_delivered,
                 },
                 "scrub": asdict(node.scrubber.stats),
+                "gc": {
+                    "last": node.collector.last.to_json() if node.collector.last else None,
+                    "chunks_collected_total": node.collector.totals.chunks_collected,
+                    "bytes_collected_total": node.collector.totals.bytes_collected,
+                    "tombstones_purged_total": node.collector.totals.tombstones_purged,
+                },
                 "overlay": overlay,
             }
         )
@@ -370,9 +389,17 @@ class Peer:
         limit = _int_query(request, "limit", LIST_LIMIT_MAX)
         if not 0 < limit <= LIST_LIMIT_MAX:
             raise ProtocolError(f"limit must be between 1 and {LIST_LIMIT_MAX}")
-        entries = self.records.list(prefix, limit)
+        include_deleted = request.query.get("deleted", "0")
+        if include_deleted not in ("0", "1"):
+            raise ProtocolError("deleted must be 0 or 1")
+        entries = self.records.list(prefix, limit, include_deleted=include_deleted == "1")
         return web.json_response(
-            {"records": [{"key": key, "version": version} for key, version in entries]}
+            {
+                "records": [
+                    {"key": key, "version": version, "deleted": self.records.is_deleted(key)}
+                    for key, version in entries
+                ]
+            }
         )
 
     async def record_versions(self, request: web.Request) -> web.Response:
@@ -387,6 +414,8 @@ class Peer:
         record = await self.records.get(key)
         if record is None:
             return _error(404, "not_found", f"record {key!r} is not stored here")
+        if record.deleted:
+            return _error(404, "deleted", f"record {key!r} was deleted", version=record.version)
         return web.Response(
             body=record.value,
             content_type="application/octet-stream",
@@ -399,7 +428,12 @@ class Peer:
         value, refs = split_envelope(await request.read(), refs_count)
         if "version" in request.query:
             version = _int_query(request, "version", None)
-            stored = await self.records.put_repair(key, value, version, refs)
+            deleted = request.query.get("deleted", "0")
+            if deleted not in ("0", "1"):
+                raise ProtocolError("deleted must be 0 or 1")
+            stored = await self.records.put_repair(
+                key, value, version, refs, deleted=deleted == "1"
+            )
             return web.json_response({"key": key, "version": version, "stored": stored})
         expected = _int_query(request, "expected_version", None)
         record = await self.records.put(key, value, expected, refs)
@@ -408,8 +442,17 @@ class Peer:
     async def delete_record(self, request: web.Request) -> web.Response:
         key = validate_key(request.match_info["key"])
         expected = _int_query(request, "expected_version", None)
-        deleted = await self.records.delete(key, expected)
-        return web.json_response({"key": key, "deleted": deleted})
+        record = await self.records.delete(key, expected)
+        return web.json_response({"key": key, "version": record.version, "deleted": True})
+
+    async def referenced_chunks(self, _request: web.Request) -> web.Response:
+        refs = self.records.referenced()
+        if len(refs) > REFS_ANSWER_MAX:
+            raise ProtocolError(f"more than {REFS_ANSWER_MAX} referenced chunks to list")
+        return web.Response(
+            body=b"".join(bytes.fromhex(ref) for ref in sorted(refs)),
+            content_type="application/octet-stream",
+        )
 
 
 # Routes a request may reach with the target "*": a client asks a seed for the member
@@ -462,6 +505,7 @@ def build_app(node: Node, extensions: Sequence[AppExtension] = ()) -> web.Applic
     router.add_get("/v1/records/{key:.+}", peer.get_record)
     router.add_put("/v1/records/{key:.+}", peer.put_record)
     router.add_delete("/v1/records/{key:.+}", peer.delete_record)
+    router.add_get("/v1/refs", peer.referenced_chunks)
     for extension in extensions:
         extension(app, node)
     return app

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ring.chunkstore import IO_CONCURRENCY_DEFAULT
+from ring.gc import GC_GRACE_S_DEFAULT, GC_INTERVAL_S_DEFAULT
 from ring.placement import VNODES_DEFAULT
+from ring.records import TOMBSTONE_TTL_S_DEFAULT
 
 __all__ = ["PeerConfig"]
 
@@ -36,6 +38,11 @@ class PeerConfig:
     repair_interval_s: float = 10.0
     repair_rate_bytes_s: float = 64e6
     scrub_rate_bytes_s: float = 8e6
+    # Chunk collection (ring.gc): a round every gc_interval_s (0: off); a chunk no live
+    # record references is deleted after gc_grace_s unreferenced and not stored.
+    gc_interval_s: float = GC_INTERVAL_S_DEFAULT
+    gc_grace_s: float = GC_GRACE_S_DEFAULT
+    tombstone_ttl_s: float = TOMBSTONE_TTL_S_DEFAULT
     overlay: bool = True
     # Seeds the generator that picks gossip partners, so a scenario replays.
     rng_seed: int | None = None

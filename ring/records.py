@@ -11,13 +11,20 @@ at most one value per version, and a stale writer never overwrites a newer versi
 Repair writes carry an explicit version instead and are accepted only when newer than
 what the replica holds.
 
+A delete is a write too: a tombstone (no value, no refs) at ``expected + 1``, so that a
+replica that missed the delete cannot push the old value back during repair (the newer
+tombstone wins like any newer version). Reads and listings treat a tombstone as absent;
+a tombstone is dropped ``tombstone_ttl_s`` after it was stored (a replica that was away
+longer than that could bring the record back; the default is a week).
+
 On the wire and on disk, ``refs`` travel as concatenated 16-byte chunk ids in front of
 the value (``?refs=N`` names how many). Each record is one file
 ``<data>/records/<xxh3-128 of key>.rec``, written atomically:
 
     b"SR3R" | u32 metadata length | metadata JSON | refs | value
 
-where the metadata holds the key, version, value and refs lengths and their xxh3-64. Files
+where the metadata holds the key, version, value and refs lengths and their xxh3-64 (and,
+for a tombstone, ``deleted`` with the wall-clock time it was stored). Files
 are verified when read; a corrupt one is quarantined like a corrupt chunk.
 """
 
@@ -30,6 +37,8 @@ import re
 import secrets
 import shutil
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +51,7 @@ __all__ = [
     "KEY_PATTERN",
     "RECORD_BYTES_MAX",
     "REFS_MAX",
+    "TOMBSTONE_TTL_S_DEFAULT",
     "Record",
     "RecordStore",
     "split_envelope",
@@ -55,6 +65,7 @@ RECORD_BYTES_MAX = 4 * 1024 * 1024
 REFS_MAX = 65_536
 REF_BYTES = 16
 KEY_CHARS_MAX = 512
+TOMBSTONE_TTL_S_DEFAULT = 7 * 24 * 3600.0
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]*$")
 _LENGTH = struct.Struct("<I")
 
@@ -65,6 +76,12 @@ class Record:
     version: int
     value: bytes
     refs: tuple[str, ...] = ()
+    # Wall-clock seconds when this replica stored the tombstone; None for a live record.
+    deleted_at: float | None = None
+
+    @property
+    def deleted(self) -> bool:
+        return self.deleted_at is not None
 
     @property
     def digest(self) -> str:
@@ -111,6 +128,7 @@ def _encode(record: Record) -> bytes:
             "value_xxh3": record.digest,
             "refs": len(record.refs),
             "refs_xxh3": xxhash.xxh3_64_hexdigest(refs),
+            **({} if record.deleted_at is None else {"deleted": record.deleted_at}),
         },
         separators=(",", ":"),
     ).encode()
@@ -130,7 +148,11 @@ def _decode(data: bytes) -> Record:
     value, refs = split_envelope(body, refs_count)
     if len(value) != meta["value_bytes"] or xxhash.xxh3_64_hexdigest(value) != meta["value_xxh3"]:
         raise ValueError("value checksum mismatch")
-    return Record(str(meta["key"]), int(meta["version"]), value, refs)
+    deleted = meta.get("deleted")
+    return Record(
+        str(meta["key"]), int(meta["version"]), value, refs,
+        None if deleted is None else float(deleted),
+    )  # fmt: skip
 
 
 def _check_size(value: bytes, refs: tuple[str, ...]) -> None:
@@ -143,11 +165,23 @@ def _check_size(value: bytes, refs: tuple[str, ...]) -> None:
 class RecordStore:
     """Records of one peer. All mutations are serialized by one lock (records are small)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        tombstone_ttl_s: float = TOMBSTONE_TTL_S_DEFAULT,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self._dir = root / "records"
         self._tmp_dir = root / "tmp"
         self._quarantine_dir = root / "quarantine"
         self._versions: dict[str, int] = {}
+        # key -> when its tombstone was stored, for keys whose newest version is a delete
+        self._tombstones: dict[str, float] = {}
+        # key -> refs of live records that have any (chunk collection asks for them all)
+        self._refs: dict[str, tuple[str, ...]] = {}
+        self._tombstone_ttl_s = tombstone_ttl_s
+        self._wall_clock = wall_clock
         self._lock = asyncio.Lock()
 
     def open(self) -> None:
@@ -160,6 +194,10 @@ class RecordStore:
                 self._quarantine_file(entry, str(exc))
                 continue
             self._versions[record.key] = record.version
+            if record.deleted_at is not None:
+                self._tombstones[record.key] = record.deleted_at
+            elif record.refs:
+                self._refs[record.key] = record.refs
 
     def _path(self, key: str) -> Path:
         return self._dir / f"{xxhash.xxh3_128_hexdigest(key.encode())}.rec"
@@ -171,14 +209,25 @@ class RecordStore:
     def version(self, key: str) -> int:
         return self._versions.get(key, 0)
 
+    def is_deleted(self, key: str) -> bool:
+        return key in self._tombstones
+
     def count(self) -> int:
-        return len(self._versions)
+        """Live records (tombstones not counted)."""
+        return len(self._versions) - len(self._tombstones)
 
     def keys(self) -> list[str]:
+        """Every key held, tombstones included (repair copies those too)."""
         return sorted(self._versions)
 
-    def list(self, prefix: str, limit: int) -> list[tuple[str, int]]:
-        keys = sorted(key for key in self._versions if key.startswith(prefix))
+    def list(
+        self, prefix: str, limit: int, *, include_deleted: bool = False
+    ) -> list[tuple[str, int]]:
+        keys = sorted(
+            key
+            for key in self._versions
+            if key.startswith(prefix) and (include_deleted or key not in self._tombstones)
+        )
         return [(key, self._versions[key]) for key in keys[:limit]]
 
     async def get(self, key: str) -> Record | None:
@@ -192,7 +241,7 @@ class RecordStore:
         except (ValueError, KeyError, json.JSONDecodeError) as exc:
             async with self._lock:
                 self._quarantine_file(path, str(exc))
-                self._versions.pop(key, None)
+                self._drop(key)
             return None
         if record.key != key:
             raise AssertionError(f"record file for {key!r} holds {record.key!r}")
@@ -212,37 +261,71 @@ class RecordStore:
             return record
 
     async def put_repair(
-        self, key: str, value: bytes, version: int, refs: tuple[str, ...] = ()
-    ) -> bool:
-        """Store a copy pushed by repair if it is newer than ours; False if it is not."""
+        self, key: str, value: bytes, version: int, refs: tuple[str, ...] = (),
+        *, deleted: bool = False,
+    ) -> bool:  # fmt: skip
+        """Store a copy pushed by repair if it is newer than ours; False if it is not.
+        ``deleted``: the copy is a tombstone (it must carry no value and no refs)."""
         _check_size(value, refs)
         if version < 1:
             raise ProtocolError("a repaired record has a version of at least 1")
+        if deleted and (value or refs):
+            raise ProtocolError("a tombstone carries no value and no refs")
         async with self._lock:
             if self._versions.get(key, 0) >= version:
                 return False
-            await self._write(Record(key, version, value, refs))
+            deleted_at = self._wall_clock() if deleted else None
+            await self._write(Record(key, version, value, refs, deleted_at))
             return True
 
     async def _write(self, record: Record) -> None:
         data = _encode(record)
         await asyncio.to_thread(write_file_atomic, self._tmp_dir, self._path(record.key), data)
         self._versions[record.key] = record.version
+        self._refs.pop(record.key, None)
+        if record.deleted_at is None:
+            self._tombstones.pop(record.key, None)
+            if record.refs:
+                self._refs[record.key] = record.refs
+        else:
+            self._tombstones[record.key] = record.deleted_at
+
+    def _drop(self, key: str) -> None:
+        self._versions.pop(key, None)
+        self._tombstones.pop(key, None)
+        self._refs.pop(key, None)
 
     async def delete_local(self, key: str) -> None:
         """Drop this replica's copy (an extra copy that repair handed over)."""
         async with self._lock:
-            if self._versions.pop(key, None) is not None:
+            if key in self._versions:
+                self._drop(key)
                 await asyncio.to_thread(self._path(key).unlink, True)
 
-    async def delete(self, key: str, expected_version: int) -> bool:
-        """Delete a record if its version is exactly ``expected_version``."""
+    async def delete(self, key: str, expected_version: int) -> Record:
+        """Compare-and-set delete: store a tombstone as ``expected_version + 1``.
+
+        Like ``put``, a replica that missed earlier versions accepts it (and one that
+        never held the key stores the tombstone too, so a late copy cannot come back)."""
         async with self._lock:
             current = self._versions.get(key, 0)
-            if current == 0:
-                return False
-            if current != expected_version:
+            if current > expected_version:
                 raise RecordConflict(key, expected_version, current)
-            await asyncio.to_thread(self._path(key).unlink, True)
-            del self._versions[key]
-            return True
+            record = Record(key, expected_version + 1, b"", (), self._wall_clock())
+            await self._write(record)
+            return record
+
+    async def purge_tombstones(self) -> int:
+        """Drop tombstones stored more than ``tombstone_ttl_s`` ago; how many were."""
+        horizon = self._wall_clock() - self._tombstone_ttl_s
+        expired = [key for key, at in self._tombstones.items() if at <= horizon]
+        for key in expired:
+            async with self._lock:
+                if self._tombstones.get(key, horizon + 1) <= horizon:
+                    self._drop(key)
+                    await asyncio.to_thread(self._path(key).unlink, True)
+        return len(expired)
+
+    def referenced(self) -> set[str]:
+        """Every chunk id the live records held here reference."""
+        return {ref for refs in self._refs.values() for ref in refs}

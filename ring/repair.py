@@ -305,7 +305,8 @@ class Repairer:
             await self._transport.request(
                 member.address,
                 "PUT",
-                f"/v1/records/{key}?version={record.version}&refs={len(record.refs)}",
+                f"/v1/records/{key}?version={record.version}&refs={len(record.refs)}"
+                f"&deleted={int(record.deleted)}",
                 body=record.envelope(),
             )
         except SR3Error as exc:

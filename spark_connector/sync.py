@@ -15,6 +15,10 @@ that committed while it was busy are covered by the next cut). ``lag_batches`` s
 far pushing is behind; past ``lag_batches_warn`` it is logged as a warning on every
 batch. ``flush(timeout_s)`` waits until the newest committed batch is on the ring; call
 it from ``foreachBatch`` to hold a query back while pushing is behind.
+
+Retention: after each push the ring keeps the newest ``keep_batches`` manifests of the
+query and deletes older ones (``forget``); their chunks are collected by the peers once
+no remaining manifest references them (``ring.gc``, after its grace period).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from spark_connector.manifest import (
     check_query_name,
     latest_key,
     manifest_key,
+    manifests_prefix,
 )
 from sr3.blobs import BlobRef
 from sr3.client import ClientOptions, file_source
@@ -48,7 +53,15 @@ from sr3.errors import ConfigError, ProtocolError, SR3Error
 from sr3.files import file_digest, fsync_dir
 from sr3.sync import SyncClient
 
-__all__ = ["PushReport", "StateSync"]
+__all__ = [
+    "KEEP_BATCHES_DEFAULT",
+    "PushReport",
+    "RestoreReport",
+    "StateSync",
+    "forget",
+    "latest_batch",
+    "ring_queries",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +69,7 @@ PUSH_ATTEMPTS_MAX = 3
 LAG_BATCHES_WARN_DEFAULT = 3
 PUSH_RETRY_S_MAX = 30.0
 PUSH_FAILURES_MAX = 8
+KEEP_BATCHES_DEFAULT = 3
 # Small files whose contents may name the checkpoint's absolute path (transformWithState
 # operator metadata): rewritten when a state is restored into another directory.
 REWRITE_BYTES_MAX = 1024 * 1024
@@ -70,6 +84,14 @@ class PushReport:
     manifest_version: int
 
 
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    batch_id: int
+    files: int
+    bytes_total: int
+    recovery: RecoveryResult
+
+
 class StateSync:
     def __init__(
         self,
@@ -80,8 +102,12 @@ class StateSync:
         *,
         client_options: ClientOptions | None = None,
         lag_batches_warn: int = LAG_BATCHES_WARN_DEFAULT,
+        keep_batches: int = KEEP_BATCHES_DEFAULT,
     ) -> None:
         self.query = check_query_name(query)
+        if keep_batches < 1:
+            raise ConfigError("keep_batches must be at least 1 (the newest batch is kept)")
+        self.keep_batches = keep_batches
         if not str(checkpoint_dir):
             raise ConfigError("a checkpoint directory is required")
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
@@ -98,6 +124,8 @@ class StateSync:
         self._listener: Any = None
         self._spark_streams: Any = None
         self.last_error: str | None = None
+        # What the last restore() fetched: files, bytes, and the recovery's figures.
+        self.last_restore: RestoreReport | None = None
 
     def close(self) -> None:
         """Stop pushing (the batch being pushed is finished first) and close the client."""
@@ -202,6 +230,10 @@ class StateSync:
 
     def _push_once(self, batch_id: int | None) -> PushReport:
         cut = read_cut(self.checkpoint_dir, batch_id)
+        if self._known and self.latest_batch() is None:
+            # The query was forgotten on the ring (`sr3 spark forget --keep 0`): the chunks
+            # of files pushed before are no longer referenced and may be collected.
+            self._known.clear()
         files: dict[str, BlobRef] = {}
         fresh: list[tuple[str, int, int]] = []
         for entry in cut.files:
@@ -223,13 +255,17 @@ class StateSync:
         )  # fmt: skip
         version = self._write_manifest(manifest)
         self._move_latest(cut.batch_id)
+        try:
+            forget(self._client, self.query, self.keep_batches)
+        except SR3Error as exc:  # the batch is safe; older ones go on the next push
+            log.warning("sr3 retention of query %s failed: %s", self.query, exc)
         return PushReport(
             cut.batch_id, len(files), manifest.size, sum(size for _, size, _ in fresh), version
         )
 
     def _write_manifest(self, manifest: Manifest) -> int:
         key = manifest_key(self.query, manifest.batch_id)
-        current = self._client.get_record(key)
+        current = self._client.get_record(key, include_deleted=True)
         return self._client.put_record(
             key,
             compact_json(manifest.to_json()),
@@ -239,8 +275,8 @@ class StateSync:
 
     def _move_latest(self, batch_id: int) -> None:
         key = latest_key(self.query)
-        current = self._client.get_record(key)
-        if current is not None and _pointer(current.value) >= batch_id:
+        current = self._client.get_record(key, include_deleted=True)
+        if current is not None and not current.deleted and _pointer(current.value) >= batch_id:
             return
         self._client.put_record(
             key,
@@ -248,11 +284,19 @@ class StateSync:
             expected_version=current.version if current else 0,
         )
 
+    def forget(self, keep: int) -> list[int]:
+        """Delete all but the newest ``keep`` batches of this query (0: all of them,
+        and the latest pointer); the batch ids deleted."""
+        return forget(self._client, self.query, keep)
+
+    def batches(self) -> list[int]:
+        """Batch ids of this query on the ring, oldest first."""
+        return ring_queries(self._client, self.query).get(self.query, [])
+
     # -- restore ------------------------------------------------------------------------
 
     def latest_batch(self) -> int | None:
-        record = self._client.get_record(latest_key(self.query))
-        return None if record is None else _pointer(record.value)
+        return latest_batch(self._client, self.query)
 
     def manifest(self, batch_id: int) -> Manifest:
         record = self._client.get_record(manifest_key(self.query, batch_id))
@@ -279,11 +323,12 @@ class StateSync:
         staging = target.with_name(f".{target.name}.sr3-restoring")
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            self._fetch(manifest, staging, topology)
+            result = self._fetch(manifest, staging, topology)
             _rewrite_root(staging, manifest.root, str(target))
             _swap_in(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        self.last_restore = RestoreReport(batch_id, len(manifest.files), manifest.size, result)
         return batch_id
 
     def _fetch(self, manifest: Manifest, staging: Path, topology: str) -> RecoveryResult:
@@ -296,6 +341,44 @@ class StateSync:
             writer.close()
         writer.verify()
         return result
+
+
+def latest_batch(client: SyncClient, query: str) -> int | None:
+    """The batch the query's latest pointer names, or None."""
+    record = client.get_record(latest_key(query))
+    return None if record is None else _pointer(record.value)
+
+
+def ring_queries(client: SyncClient, query: str | None = None) -> dict[str, list[int]]:
+    """Queries with manifests on the ring (or just ``query``) and their batch ids."""
+    prefix = manifests_prefix(query) if query is not None else "spark/"
+    found: dict[str, list[int]] = {}
+    for key in client.list_records(prefix):
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == "spark" and parts[2] == "batches" and parts[3].isdigit():
+            found.setdefault(parts[1], []).append(int(parts[3]))
+    return {name: sorted(batches) for name, batches in sorted(found.items())}
+
+
+def forget(client: SyncClient, query: str, keep: int) -> list[int]:
+    """Delete the manifests of ``query`` but the newest ``keep``; with ``keep`` 0 the
+    latest pointer too. The batch ids deleted, oldest first. Chunks no manifest
+    references any more are collected by the peers after their grace period."""
+    if keep < 0:
+        raise ConfigError("keep must be 0 or more")
+    batches = ring_queries(client, query).get(query, [])
+    doomed = batches[: max(0, len(batches) - keep)]
+    if keep == 0:
+        _delete(client, latest_key(query))
+    for batch_id in doomed:
+        _delete(client, manifest_key(query, batch_id))
+    return doomed
+
+
+def _delete(client: SyncClient, key: str) -> None:
+    current = client.get_record(key, include_deleted=True)
+    if current is not None and not current.deleted:
+        client.delete_record(key, expected_version=current.version)
 
 
 def _pointer(value: bytes) -> int:

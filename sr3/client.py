@@ -107,6 +107,8 @@ class RecordValue:
     value: bytes
     # True when replicas hold different values at the newest version (concurrent writers).
     conflict: bool = False
+    # True when the newest version is a delete (a tombstone: no value).
+    deleted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,13 +478,18 @@ class Client:
                 member.address, "GET", f"/v1/records/{key}", body_bytes_max=8 * 1024 * 1024
             )
         except PeerRejected as exc:
+            if exc.status == 404 and exc.code == "deleted":
+                return RecordValue(key, exc.version, b"", deleted=True)
             if exc.status == 404:
                 return None
             raise
         return RecordValue(key, int(answer.headers.get("X-SR3-Version", "0")), answer.body)
 
-    async def get_record(self, key: str) -> RecordValue | None:
-        """The newest version held by the first R reachable replicas, or None."""
+    async def get_record(self, key: str, *, include_deleted: bool = False) -> RecordValue | None:
+        """The newest version held by the first R reachable replicas, or None.
+
+        A deleted record reads as None, unless ``include_deleted``: then its tombstone
+        (``deleted=True``) comes back, whose version a compare-and-set write expects."""
         view = await self.ring()
         answers, causes = await self._fan_out(
             view.ring.candidates(key, view.replication),
@@ -491,7 +498,10 @@ class Client:
         )
         if not answers:
             raise DataUnavailable([key], causes)
-        return _newest([value for _member, value in answers if value is not None])
+        newest = _newest([value for _member, value in answers if value is not None])
+        if newest is not None and newest.deleted and not include_deleted:
+            return None
+        return newest
 
     async def _put_record_to(
         self, member: Member, key: str, body: bytes, expected_version: int, refs: int
@@ -537,25 +547,57 @@ class Client:
         if acks >= view.write_quorum:
             return expected_version + 1
         if any(version < 0 for _member, version in answers):
-            current = await self.get_record(key)
+            current = await self.get_record(key, include_deleted=True)
+            raise RecordConflict(key, expected_version, current.version if current else 0)
+        raise QuorumError(f"record {key!r}", acks, view.write_quorum, causes)
+
+    async def _delete_record_at(self, member: Member, key: str, expected_version: int) -> int:
+        try:
+            answer = await self._transport.request(
+                member.address, "DELETE", f"/v1/records/{key}?expected_version={expected_version}"
+            )
+        except PeerRejected as exc:
+            if exc.status == 409:
+                return -1
+            raise
+        return int(answer.json()["version"])
+
+    async def delete_record(self, key: str, *, expected_version: int) -> int:
+        """Compare-and-set delete: a tombstone as ``expected_version + 1`` on W..R of the
+        key's preferred peers (as ``put_record``); the tombstone's version."""
+        view = await self.ring()
+        answers, causes = await self._fan_out(
+            view.ring.candidates(key, view.replication),
+            view.replication,
+            lambda member, _hint: self._delete_record_at(member, key, expected_version),
+            strict=True,
+        )
+        acks = sum(1 for _member, version in answers if version >= 0)
+        if acks >= view.write_quorum:
+            return expected_version + 1
+        if any(version < 0 for _member, version in answers):
+            current = await self.get_record(key, include_deleted=True)
             raise RecordConflict(key, expected_version, current.version if current else 0)
         raise QuorumError(f"record {key!r}", acks, view.write_quorum, causes)
 
     async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
-        """Keys under ``prefix`` with the newest version any reachable peer knows."""
+        """Keys under ``prefix`` with the newest version any reachable peer knows (keys
+        whose newest version is a delete left out)."""
         view = await self.ring()
-        path = f"/v1/records?prefix={_quote(prefix)}&limit={limit}"
+        path = f"/v1/records?prefix={_quote(prefix)}&limit={limit}&deleted=1"
 
         async def one(member: Member, _hint: Member | None) -> Any:
             return (await self._transport.request(member.address, "GET", path)).json()
 
         answers, _causes = await self._fan_out(view.ring.members, len(view.ring), one)
-        versions: dict[str, int] = {}
+        newest: dict[str, tuple[int, bool]] = {}
         for _member, answer in answers:
             for entry in answer["records"]:
                 key = str(entry["key"])
-                versions[key] = max(versions.get(key, 0), int(entry["version"]))
-        return dict(sorted(versions.items())[:limit])
+                seen = (int(entry["version"]), bool(entry.get("deleted", False)))
+                newest[key] = max(newest.get(key, seen), seen)
+        live = {key: version for key, (version, deleted) in newest.items() if not deleted}
+        return dict(sorted(live.items())[:limit])
 
     # -- named files (sr3 put / sr3 get) ------------------------------------------------
 
@@ -565,7 +607,7 @@ class Client:
         """Store a file and point record ``blob/<key>`` at it (replacing what was there)."""
         ref = await self.put_file(path, progress=progress)
         record_key = BLOB_KEY_PREFIX + key
-        current = await self.get_record(record_key)
+        current = await self.get_record(record_key, include_deleted=True)
         value = codec.compact_json(ref.to_json())
         await self.put_record(
             record_key,
@@ -732,4 +774,5 @@ def _newest(values: Sequence[RecordValue]) -> RecordValue | None:
     for value in candidates:
         counts[value.value] = counts.get(value.value, 0) + 1
     best = max(counts, key=lambda value: (counts[value], xxhash.xxh3_64_hexdigest(value)))
-    return RecordValue(candidates[0].key, newest, best, conflict=len(counts) > 1)
+    deleted = any(value.deleted and value.value == best for value in candidates)
+    return RecordValue(candidates[0].key, newest, best, conflict=len(counts) > 1, deleted=deleted)

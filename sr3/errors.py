@@ -74,10 +74,14 @@ class PeerUnavailable(PeerError):
 class PeerRejected(PeerError):
     """The peer answered with an error status."""
 
-    def __init__(self, address: str, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, address: str, status: int, code: str, message: str, version: int = 0
+    ) -> None:
         super().__init__(address, f"HTTP {status} {code}: {message}")
         self.status = status
         self.code = code
+        # The record version a 404 "deleted" or a 409 "version_conflict" names.
+        self.version = version
 
 
 class ChunkError(SR3Error):

@@ -93,8 +93,11 @@ class SyncClient:
     def lookup_file(self, key: str) -> BlobRef:
         return self._call(self._client.lookup_file(key))
 
-    def get_record(self, key: str) -> RecordValue | None:
-        return self._call(self._client.get_record(key))
+    def get_record(self, key: str, *, include_deleted: bool = False) -> RecordValue | None:
+        return self._call(self._client.get_record(key, include_deleted=include_deleted))
+
+    def delete_record(self, key: str, *, expected_version: int) -> int:
+        return self._call(self._client.delete_record(key, expected_version=expected_version))
 
     def put_record(
         self, key: str, value: bytes, *, expected_version: int, refs: Sequence[str] = ()

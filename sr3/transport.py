@@ -271,11 +271,13 @@ async def _read_error(answer: aiohttp.ClientResponse, address: str, what: str) -
 
 def _rejection(address: str, response: Response) -> Exception:
     code, message = "error", response.body[:200].decode("utf-8", "replace")
+    version = 0
     try:
         parsed = json.loads(response.body)
         code, message = str(parsed.get("error", code)), str(parsed.get("message", message))
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        version = int(parsed.get("version", parsed.get("current_version", 0)))
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, ValueError):
         pass
     if response.status == 401:
         return AuthError(f"{address} refused our credentials: {message}")
-    return PeerRejected(address, response.status, code, message)
+    return PeerRejected(address, response.status, code, message, version)

@@ -16,6 +16,8 @@ import pytest
 from ring.records import KEY_CHARS_MAX, RECORD_BYTES_MAX, RecordStore, validate_key
 from sr3.errors import ProtocolError, RecordConflict
 
+CHUNK_A = "ab" * 16
+
 
 def _open(root: Path) -> RecordStore:
     store = RecordStore(root)
@@ -55,14 +57,57 @@ async def test_concurrent_writers_of_one_version_one_wins(tmp_path: Path) -> Non
     assert record is not None and record.value == winners[0].value
 
 
-async def test_delete_is_compare_and_set(tmp_path: Path) -> None:
+async def test_delete_is_compare_and_set_and_leaves_a_tombstone(tmp_path: Path) -> None:
     store = _open(tmp_path)
-    await store.put("d", b"x", expected_version=0)
+    await store.put("d", b"x", expected_version=0, refs=(CHUNK_A,))
+    assert store.referenced() == {CHUNK_A}
     with pytest.raises(RecordConflict):
         await store.delete("d", expected_version=0)
-    assert await store.delete("d", expected_version=1)
-    assert await store.get("d") is None
-    assert not await store.delete("d", expected_version=1)
+    tombstone = await store.delete("d", expected_version=1)
+    assert tombstone.version == 2 and tombstone.deleted
+    stored = await store.get("d")
+    assert stored is not None and stored.deleted and stored.value == b"" and not stored.refs
+    assert store.list("", 10) == [] and store.count() == 0 and store.keys() == ["d"]
+    assert store.referenced() == set(), "a deleted record still pins its chunks"
+    with pytest.raises(RecordConflict):
+        await store.delete("d", expected_version=1)
+    # A replica that never held the key stores the tombstone too.
+    assert (await store.delete("never", expected_version=0)).version == 1
+    # Written again over the tombstone: live, with the next version.
+    assert (await store.put("d", b"again", expected_version=2)).version == 3
+    assert store.list("", 10) == [("d", 3)]
+
+
+async def test_tombstone_beats_an_older_repair_copy_and_survives_restart(tmp_path: Path) -> None:
+    """Breaks: the replica restarts after the delete, then repair offers the old value.
+    Holds: the tombstone is still there and the older copy is refused (no resurrection)."""
+    store = _open(tmp_path)
+    await store.put("m", b"old", expected_version=0)
+    await store.delete("m", expected_version=1)
+    reopened = _open(tmp_path)
+    assert reopened.is_deleted("m") and reopened.version("m") == 2
+    assert not await reopened.put_repair("m", b"old", 1)
+    assert not await reopened.put_repair("m", b"old", 2)
+    assert reopened.list("", 10) == []
+    # A newer repair tombstone is taken; a tombstone with a value is malformed.
+    assert await reopened.put_repair("m", b"", 3, deleted=True)
+    with pytest.raises(ProtocolError):
+        await reopened.put_repair("m", b"x", 4, deleted=True)
+
+
+async def test_tombstones_are_purged_after_their_ttl(tmp_path: Path) -> None:
+    now = [1_000.0]
+    store = RecordStore(tmp_path, tombstone_ttl_s=60.0, wall_clock=lambda: now[0])
+    store.open()
+    await store.put("a", b"x", expected_version=0)
+    await store.delete("a", expected_version=1)
+    await store.put("b", b"y", expected_version=0)
+    now[0] += 59.0
+    assert await store.purge_tombstones() == 0 and store.version("a") == 2
+    now[0] += 1.0
+    assert await store.purge_tombstones() == 1
+    assert store.version("a") == 0 and store.keys() == ["b"]
+    assert len(list((tmp_path / "records").glob("*.rec"))) == 1
 
 
 async def test_value_above_limit_is_refused(tmp_path: Path) -> None:
