@@ -71,7 +71,9 @@ class ChunkStore:
         capacity_bytes: int | None = None,
         io_concurrency: int = IO_CONCURRENCY_DEFAULT,
         write_file: Callable[[Path, Path, bytes], None] = write_file_atomic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._chunks_dir = root / "chunks"
         self._tmp_dir = root / "tmp"
         self._quarantine_dir = root / "quarantine"
@@ -79,7 +81,7 @@ class ChunkStore:
         self._io = asyncio.Semaphore(io_concurrency)
         self._write_file = write_file
         self._index: dict[str, int] = {}
-        # chunk id -> time.monotonic() of its last store (new or repeated), since start:
+        # chunk id -> clock() at its last store (new or repeated), since start:
         # chunk collection leaves recently stored chunks alone.
         self._last_stored: dict[str, float] = {}
         self._stored_bytes = 0
@@ -125,7 +127,7 @@ class ChunkStore:
 
     async def put(self, chunk_id: str, stored: bytes) -> bool:
         """Verify and durably store a chunk. False if it was already present."""
-        self._last_stored[chunk_id] = time.monotonic()
+        self._last_stored[chunk_id] = self._clock()
         if chunk_id in self._index:
             return False
         # Checked before it is written: the full decode proves header, payload and address.
@@ -196,7 +198,7 @@ class ChunkStore:
         return True
 
     def discard_if_idle(self, chunk_id: str, idle_before: float) -> int | None:
-        """Collect a chunk not stored since ``idle_before`` (``time.monotonic()``): its
+        """Collect a chunk not stored since ``idle_before`` (on ``clock``): its
         file moves out of place at once, so no store can slip in between this decision
         and the removal (``empty_trash`` deletes it). Its stored size, or None if kept."""
         size = self._index.get(chunk_id)
