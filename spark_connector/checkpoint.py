@@ -299,9 +299,20 @@ def _add_store_file(listing: _StateListing, entry: FileEntry, parts: Sequence[st
     by_kind[match["kind"]] = entry
 
 
+# State files are written by executors and read here on the driver: on a cluster that
+# only works when the checkpoint directory is on a file system both see.
+NOT_VISIBLE_HINT = (
+    " (sr3 reads the checkpoint on the driver: on a cluster, the checkpoint directory must "
+    "be on a file system the driver shares with the executors)"
+)
+
+
 def _check_partitions(listing: _StateListing, state_partitions: int | None) -> None:
     """Every operator has partitions 0..P-1, each holding every store the operator has."""
     layout: dict[str, dict[int, set[str]]] = {operator: {} for operator in listing.declared}
+    # An operator with metadata (written by the driver) has state partitions too.
+    for entry, _batch in listing.metadata:
+        layout.setdefault(entry.path.split("/")[1], {})
     for store_dir in listing.stores:
         parts = store_dir.split("/")
         store_name = parts[3] if len(parts) > 3 else ""
@@ -313,7 +324,9 @@ def _check_partitions(listing: _StateListing, state_partitions: int | None) -> N
         if absent or extra:
             raise CheckpointError(
                 f"state/{operator}: expected partitions 0-{count - 1}; "
-                f"no state files for {absent}" + (f", unexpected {extra}" if extra else "")
+                f"no state files for {absent}"
+                + (f", unexpected {extra}" if extra else "")
+                + (NOT_VISIBLE_HINT if absent else "")
             )
         stores = set(listing.declared.get(operator, set())).union(*partitions.values())
         for partition, names in sorted(partitions.items()):
@@ -321,6 +334,7 @@ def _check_partitions(listing: _StateListing, state_partitions: int | None) -> N
                 missing = ", ".join(sorted(name or "(default)" for name in stores - names))
                 raise CheckpointError(
                     f"state/{operator}/{partition}: no state files for store(s) {missing}"
+                    + NOT_VISIBLE_HINT
                 )
 
 
@@ -341,7 +355,7 @@ def _chain(store_dir: str, store: _Store, version: int) -> tuple[FileEntry | Non
         start = f"{base_version}.{base_kind}" if base_version else "the empty version 0"
         raise CheckpointError(
             f"{store_dir}: cannot rebuild state version {version} from {start}: "
-            f"{step_kind} file(s) for version(s) {_ranges(missing)} missing"
+            f"{step_kind} file(s) for version(s) {_ranges(missing)} missing" + NOT_VISIBLE_HINT
         )
     base = store.versioned[base_version][base_kind] if base_version else None
     steps = [store.versioned[v][step_kind] for v in range(base_version + 1, version + 1)]

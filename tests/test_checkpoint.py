@@ -332,6 +332,16 @@ def test_missing_partition_raises() -> None:
         cut_for_batch(entries, 0)
 
 
+def test_state_files_the_driver_cannot_see_are_named_with_the_shared_fs_requirement() -> None:
+    """Executors wrote their state partitions to disks the driver does not see: only the
+    driver's operator metadata is listed. The error says why and what is needed."""
+    entries = listing(*query_files(0), "state/0/_metadata/metadata")
+    with pytest.raises(
+        CheckpointError, match=r"no state files for \[0, 1\].*file system the driver"
+    ):
+        cut_for_batch(entries, 0, state_partitions=2)
+
+
 def test_missing_highest_partitions_raise_when_the_partition_count_is_known() -> None:
     entries = listing(*query_files(0), "state/0/0/1.delta", "state/0/1/1.delta")
     assert len(paths(cut_for_batch(entries, 0), "state/")) == 2
