@@ -13,8 +13,12 @@ against its digest, and renames the directory into place.
 batch, and one worker thread pushes the newest batch it has not pushed yet (batches
 that committed while it was busy are covered by the next cut). ``lag_batches`` says how
 far pushing is behind; past ``lag_batches_warn`` it is logged as a warning on every
-batch. ``flush(timeout_s)`` waits until the newest committed batch is on the ring; call
-it from ``foreachBatch`` to hold a query back while pushing is behind.
+batch, and exported as the Prometheus gauge ``sr3_connector_lag_batches{query}`` (in
+the driver's default registry, with ``sr3_connector_pushed_batch`` and
+``sr3_connector_push_failures_total``). ``flush(timeout_s)`` waits until the newest
+committed batch is on the ring. Back-pressure is opt-in: ``throttle(max_lag_batches)``
+called at the start of ``foreachBatch`` holds the query back while pushing is more than
+that many batches behind (a query that must not outrun its recovery point).
 
 Retention: after each push the ring keeps the newest ``keep_batches`` manifests of the
 query and deletes older ones (``forget``); their chunks are collected by the peers once
@@ -33,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from prometheus_client import Counter, Gauge
 
 from recovery.executor import RecoveryResult, recover
 from recovery.plan import Topology, parse_topology
@@ -70,6 +76,12 @@ LAG_BATCHES_WARN_DEFAULT = 3
 PUSH_RETRY_S_MAX = 30.0
 PUSH_FAILURES_MAX = 8
 KEEP_BATCHES_DEFAULT = 3
+
+LAG_GAUGE = Gauge(
+    "sr3_connector_lag_batches", "Committed batches not yet pushed to the ring.", ["query"]
+)
+PUSHED_GAUGE = Gauge("sr3_connector_pushed_batch", "Newest batch on the ring.", ["query"])
+FAILURES = Counter("sr3_connector_push_failures", "Pushes that failed (retried).", ["query"])
 # Small files whose contents may name the checkpoint's absolute path (transformWithState
 # operator metadata): rewritten when a state is restored into another directory.
 REWRITE_BYTES_MAX = 1024 * 1024
@@ -161,6 +173,7 @@ class StateSync:
         with self._changed:
             self._newest_committed = max(self._newest_committed, batch_id)
             self._changed.notify_all()
+        LAG_GAUGE.labels(self.query).set(self.lag_batches)
         if self.lag_batches > self.lag_batches_warn:
             log.warning(
                 "sr3 push of query %s is %d batches behind (newest committed %d, pushed %d)",
@@ -187,6 +200,7 @@ class StateSync:
                 report = self.push(wanted)
             except SR3Error as exc:
                 failures += 1
+                FAILURES.labels(self.query).inc()
                 self.last_error = str(exc)
                 log.error("sr3 push of batch %d failed (%d in a row): %s", wanted, failures, exc)
                 if failures >= PUSH_FAILURES_MAX:
@@ -201,12 +215,19 @@ class StateSync:
             with self._changed:
                 self._newest_pushed = max(self._newest_pushed, report.batch_id)
                 self._changed.notify_all()
+            LAG_GAUGE.labels(self.query).set(self.lag_batches)
+            PUSHED_GAUGE.labels(self.query).set(self._newest_pushed)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until the newest committed batch seen is on the ring."""
+        self.throttle(0, timeout_s)
+
+    def throttle(self, max_lag_batches: int, timeout_s: float = 600.0) -> None:
+        """Wait until pushing is at most ``max_lag_batches`` behind the newest committed
+        batch (back-pressure: call it at the start of ``foreachBatch``)."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while self._newest_pushed < self._newest_committed:
+            while self._newest_pushed < self._newest_committed - max_lag_batches:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._worker is None:
                     raise SR3Error(

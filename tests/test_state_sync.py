@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from spark_connector.checkpoint import read_cut
 from spark_connector.sync import StateSync
@@ -115,6 +116,10 @@ def test_worker_pushes_the_newest_committed_batch_and_flush_waits_for_it(
         idle.committed(19)
         with pytest.raises(SR3Error, match="not on the ring"):
             idle.flush(timeout_s=0.1)
+        idle.throttle(20, timeout_s=0.1)  # 20 behind (nothing pushed): within the bound
+        with pytest.raises(SR3Error, match="not on the ring"):
+            idle.throttle(19, timeout_s=0.1)
+        assert REGISTRY.get_sample_value("sr3_connector_lag_batches", {"query": "idle"}) == 20
     finally:
         idle.close()
     sync = StateSync(cluster.ring, "worker", source, cluster.secret)
@@ -127,5 +132,7 @@ def test_worker_pushes_the_newest_committed_batch_and_flush_waits_for_it(
         sync.committed(20)
         sync.flush(timeout_s=60)
         assert sync.latest_batch() == 20
+        assert REGISTRY.get_sample_value("sr3_connector_lag_batches", {"query": "worker"}) == 0
+        assert REGISTRY.get_sample_value("sr3_connector_pushed_batch", {"query": "worker"}) == 20
     finally:
         sync.close()
