@@ -16,12 +16,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from support import next_base_port
 
 from sr3 import demo
-from sr3.cli import cli
 from sr3.demo import SparkDemoOptions, compare_outputs, run_spark_demo
+from sr3.errors import ConfigError
 from sr3.spark_demo import Output, input_rows, read_output, write_inputs
 
 
@@ -79,12 +78,10 @@ def test_demo_without_pyspark_says_what_to_install(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(
         demo.importlib.util, "find_spec", lambda name, *args: None if name == "pyspark" else 1
     )
-    result = CliRunner().invoke(cli, ["demo"])
-    assert result.exit_code == 1
-    assert "sr3[spark]" in result.output
+    with pytest.raises(ConfigError, match=re.escape("sr3[spark]")):
+        run_spark_demo(SparkDemoOptions())
 
 
 def test_demo_refuses_a_kill_that_leaves_nothing_to_restore() -> None:
-    result = CliRunner().invoke(cli, ["demo", "--batches", "6", "--kill-at", "5"])
-    assert result.exit_code == 1
-    assert "--kill-at" in result.output
+    with pytest.raises(ConfigError, match="--kill-at"):
+        SparkDemoOptions(batches=6, kill_at=5)
