@@ -31,6 +31,7 @@ bench: install
 	$(PY) benchmarks/bench_placement.py
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_repair.py
+	$(PY) benchmarks/bench_connector.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
