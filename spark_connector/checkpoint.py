@@ -47,8 +47,12 @@ Decisions:
   partition-0 schema files), so a partition whose files all vanished is noticed.
 - The oldest commit Spark keeps is no cut: Spark purges ``offsets/N-1`` with it, and a
   restart after N fails without that file.
-- ``sources/`` is taken whole: its newest entries may belong to a batch that is not
-  committed yet, which is the state Spark itself restarts from after a crash.
+- A file source's log (``sources/<s>/<k>``) is cut at the ``logOffset`` that
+  ``offsets/N`` records for it: a driver that already planned batch N+1 has logged its
+  files, and a restart that found that entry would read them together with the next
+  files in one batch, moving batch boundaries (and the watermark) away from those of the
+  uninterrupted run. If the entries up to the end are not all there (compacted and
+  cleaned away), the log is taken whole. Other sources' files are taken whole.
 - Batch-tagged operator metadata and state schema files (transformWithState) newer than
   N are left out. Their contents name the schema files by absolute path; restoring into
   another directory has to rewrite them, which is not this module's job.
@@ -152,6 +156,7 @@ def cut_for_batch(
     batch_id: int,
     sst_references: Mapping[str, Sequence[FileEntry]] | None = None,
     state_partitions: int | None = None,
+    source_log_ends: Mapping[int, int] | None = None,
 ) -> Cut:
     """The files Spark needs to restart after committed batch ``batch_id``.
 
@@ -161,6 +166,10 @@ def cut_for_batch(
     store is taken. ``state_partitions`` (``spark.sql.shuffle.partitions`` of the offset
     log, see ``read_state_partitions``) lets the cut notice that the highest partitions are
     gone altogether; without it only holes below the highest partition are noticed.
+    ``source_log_ends`` maps a file source's index to the ``logOffset`` that
+    ``offsets/<batch_id>`` records for it (see ``read_offsets``): entries the source logged
+    for batches planned after that one are left out, so a restarted query plans its next
+    batch again exactly as the uninterrupted one did.
     Raises ``CheckpointError`` when a needed file is missing.
     """
     visible = _visible(entries)
@@ -179,7 +188,7 @@ def cut_for_batch(
                 f"batch {batch_id} cannot be restarted from: {needed[-1]} is gone (purged)"
             )
     files = [by_path[path] for path in needed]
-    files.extend(entry for entry in visible if entry.path.startswith("sources/"))
+    files.extend(_source_files(visible, source_log_ends or {}))
     state = _parse_state(entry for entry in visible if entry.path.startswith("state/"))
     _check_partitions(state, state_partitions)
     files.extend(entry for entry, batch in state.metadata if batch is None or batch <= batch_id)
@@ -192,6 +201,32 @@ def cut_for_batch(
     files.sort(key=lambda entry: entry.path)
     assert len({entry.path for entry in files}) == len(files), "a cut names a file twice"
     return Cut(batch_id=batch_id, files=tuple(files), state_version=state_version)
+
+
+_SOURCE_LOG_NAME = re.compile(r"^(0|[1-9][0-9]{0,17})(\.compact)?$")
+
+
+def _source_files(visible: Sequence[FileEntry], ends: Mapping[int, int]) -> list[FileEntry]:
+    """``sources/``, each file source's log trimmed to its end when that is safe (the
+    newest compaction at or below the end and every entry after it up to the end are
+    there); anything else under ``sources/`` is kept as it is."""
+    files = [entry for entry in visible if entry.path.startswith("sources/")]
+    by_source: dict[int, dict[int, tuple[FileEntry, bool]]] = {}
+    for entry in files:
+        parts = entry.path.split("/")
+        if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) in ends:
+            match = _SOURCE_LOG_NAME.match(parts[2])
+            if match is not None:
+                log_entries = by_source.setdefault(int(parts[1]), {})
+                log_entries[int(match.group(1))] = (entry, match.group(2) is not None)
+    dropped: set[str] = set()
+    for source, log_entries in by_source.items():
+        end = ends[source]
+        compactions = [k for k, (_e, compact) in log_entries.items() if compact and k <= end]
+        first = max(compactions, default=-1) + 1
+        if all(k in log_entries for k in range(first, end + 1)):
+            dropped.update(entry.path for k, (entry, _c) in log_entries.items() if k > end)
+    return [entry for entry in files if entry.path not in dropped]
 
 
 def snapshot_zips(entries: Iterable[FileEntry], batch_id: int) -> list[str]:
@@ -499,6 +534,12 @@ def _parse_zip_metadata(zip_path: str, store_dir: str, text: str) -> tuple[FileE
 def read_state_partitions(root: Path, batch_id: int) -> int | None:
     """``spark.sql.shuffle.partitions`` recorded in ``offsets/<batch_id>``: Spark pins the
     number of state partitions to it for the life of the checkpoint. None if absent."""
+    return read_offsets(root, batch_id)[0]
+
+
+def read_offsets(root: Path, batch_id: int) -> tuple[int | None, dict[int, int]]:
+    """From ``offsets/<batch_id>``: the state partitions (as ``read_state_partitions``)
+    and, per file source (offset ``{"logOffset": N}``), its source log's end."""
     path = root / "offsets" / str(batch_id)
     try:
         with path.open("rb") as file:
@@ -506,9 +547,15 @@ def read_state_partitions(root: Path, batch_id: int) -> int | None:
         lines = head.split("\n")
         conf = json.loads(lines[1]).get("conf", {}) if len(lines) > 1 else {}
         value = conf.get("spark.sql.shuffle.partitions")
-        return None if value is None else int(value)
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"offsets/{batch_id}: cannot read its conf: {exc}") from exc
+        ends: dict[int, int] = {}
+        for index, line in enumerate(lines[2:]):
+            if line.startswith("{"):
+                offset = json.loads(line)
+                if isinstance(offset, dict) and set(offset) == {"logOffset"}:
+                    ends[index] = int(offset["logOffset"])
+        return (None if value is None else int(value)), ends
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError) as exc:
+        raise CheckpointError(f"offsets/{batch_id}: cannot read it: {exc}") from exc
 
 
 def read_cut(root: Path, batch_id: int | None = None) -> Cut:
@@ -521,5 +568,5 @@ def read_cut(root: Path, batch_id: int | None = None) -> Cut:
             raise CheckpointError(f"{root}: no committed batch")
         batch_id = batches[-1]
     references = read_sst_references(root, snapshot_zips(entries, batch_id))
-    partitions = read_state_partitions(root, batch_id)
-    return cut_for_batch(entries, batch_id, references, partitions)
+    partitions, source_log_ends = read_offsets(root, batch_id)
+    return cut_for_batch(entries, batch_id, references, partitions, source_log_ends)

@@ -42,7 +42,12 @@ from prometheus_client import Counter, Gauge
 
 from recovery.executor import RecoveryResult, recover
 from recovery.plan import Topology, parse_topology
-from spark_connector.checkpoint import read_cut
+from spark_connector.checkpoint import (
+    CheckpointError,
+    committed_batches,
+    list_checkpoint,
+    read_cut,
+)
 from spark_connector.manifest import (
     Manifest,
     ManifestFile,
@@ -152,12 +157,19 @@ class StateSync:
 
     # -- pushing on every commit ----------------------------------------------------------
 
-    def register(self, query: Any) -> None:
-        """Push every batch ``query`` commits from now on (the newest first)."""
+    def register(self, query: Any, spark: Any = None) -> None:
+        """Push every batch ``query`` commits from now on (the newest first). ``spark``
+        is the query's SparkSession (default: the active one)."""
         from spark_connector.listener import make_listener
 
+        if spark is None:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession()
+            if spark is None:
+                raise ConfigError("no active SparkSession: pass register(query, spark=...)")
         self.start()
-        self._spark_streams = query.sparkSession.streams
+        self._spark_streams = spark.streams
         self._listener = make_listener(str(query.id), self.committed)
         self._spark_streams.addListener(self._listener)
 
@@ -219,7 +231,14 @@ class StateSync:
             PUSHED_GAUGE.labels(self.query).set(self._newest_pushed)
 
     def flush(self, timeout_s: float = 60.0) -> None:
-        """Wait until the newest committed batch seen is on the ring."""
+        """Wait until the newest batch committed in the checkpoint directory is on the
+        ring (read from ``commits/``: the listener's event may not have arrived yet)."""
+        try:
+            batches = committed_batches(list_checkpoint(self.checkpoint_dir))
+        except CheckpointError:
+            batches = []
+        if batches:
+            self.committed(batches[-1])
         self.throttle(0, timeout_s)
 
     def throttle(self, max_lag_batches: int, timeout_s: float = 600.0) -> None:
@@ -270,6 +289,9 @@ class StateSync:
         ):
             files[path] = blob
             self._known[path] = (size, mtime_ns, blob)
+        # Only the files of this cut can be in the next one (checkpoint files are written
+        # once): the cache stays as large as one cut.
+        self._known = {path: self._known[path] for path in files}
         manifest = Manifest(
             self.query, cut.batch_id, cut.state_version, str(self.checkpoint_dir),
             tuple(ManifestFile(path, files[path]) for path in sorted(files)),
@@ -350,6 +372,9 @@ class StateSync:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self.last_restore = RestoreReport(batch_id, len(manifest.files), manifest.size, result)
+        with self._changed:  # the ring holds it: pushing starts from here, no false lag
+            self._newest_pushed = max(self._newest_pushed, batch_id)
+            self._newest_committed = max(self._newest_committed, batch_id)
         return batch_id
 
     def _fetch(self, manifest: Manifest, staging: Path, topology: str) -> RecoveryResult:

@@ -47,6 +47,7 @@ from sr3.client import Client, RingStatus
 from sr3.config import ClusterFile, Settings, cluster_file_path, parse_size, resolve, sr3_home
 from sr3.errors import ConfigError, SR3Error
 from sr3.local import BASE_PORT_DEFAULT, LocalCluster
+from sr3.sync import SyncClient
 
 __all__ = ["main"]
 
@@ -160,6 +161,19 @@ def _seeds(text: str) -> tuple[str, ...]:
     "--scrub-rate", default="8MB/s", show_default=True,
     help="Scrubber read rate cap (0: no scrubbing).",
 )  # fmt: skip
+@click.option(
+    "--gc-interval", default=300.0, show_default=True, type=click.FloatRange(0),
+    help="Seconds between chunk collection rounds (0: never collect).",
+)  # fmt: skip
+@click.option(
+    "--gc-grace", default=3600.0, show_default=True, type=click.FloatRange(0),
+    help="Seconds a chunk no record references is kept (since it was last stored and since "
+    "it was last referenced) before it is collected.",
+)  # fmt: skip
+@click.option(
+    "--tombstone-ttl", default=7 * 24 * 3600.0, show_default=True, type=click.FloatRange(0),
+    help="Seconds a deleted record's tombstone is kept.",
+)  # fmt: skip
 @click.option("--overlay/--no-overlay", default=True, help="Run the Kademlia discovery overlay.")
 @click.option("--seed", "rng_seed", type=int, help="Seed for gossip partner choice (replays).")
 @click.option(
@@ -189,8 +203,9 @@ def peer(
     data_dir: Path | None, seeds: str, zone: str, replication: int, write_quorum: int,
     vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
     removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
-    scrub_rate: str, overlay: bool, rng_seed: int | None, egress_rate: str,
-    added_latency_ms: float, admin_kill: bool, secret_file: Path | None, log_level: str,
+    scrub_rate: str, gc_interval: float, gc_grace: float, tombstone_ttl: float, overlay: bool,
+    rng_seed: int | None, egress_rate: str, added_latency_ms: float, admin_kill: bool,
+    secret_file: Path | None, log_level: str,
 ) -> None:  # fmt: skip
     """Run one storage peer in the foreground until SIGTERM or Ctrl-C (`sr3 peer leave`
     makes a peer leave the ring for good).
@@ -226,7 +241,8 @@ def peer(
         advertise=advertise or listen, failure_timeout_s=failure_timeout,
         removal_grace_s=removal_grace, gossip_interval_s=gossip_interval,
         repair_interval_s=repair_interval, repair_rate_bytes_s=_rate(repair_rate),
-        scrub_rate_bytes_s=_rate(scrub_rate), overlay=overlay, rng_seed=rng_seed,
+        scrub_rate_bytes_s=_rate(scrub_rate), gc_interval_s=gc_interval, gc_grace_s=gc_grace,
+        tombstone_ttl_s=tombstone_ttl, overlay=overlay, rng_seed=rng_seed,
         egress_rate_bytes_s=_rate(egress_rate), added_latency_ms=added_latency_ms,
         admin_kill=admin_kill,
     )  # fmt: skip
@@ -503,17 +519,126 @@ def token_metrics(ring: str | None, secret_file: Path | None) -> None:
     click.echo(metrics_token(_settings(ring, secret_file).secret))
 
 
+# -- spark ---------------------------------------------------------------------------------
+
+
+@cli.group()
+def spark() -> None:
+    """Spark queries' state on the ring: list, restore, forget."""
+
+
+@spark.command("list")
+@click.option("--query", help="Only this query.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_ring_options
+@_fail_cleanly
+def spark_list(
+    query: str | None, as_json: bool, ring: str | None, secret_file: Path | None
+) -> None:
+    """Queries with state on the ring and the batches kept for each."""
+    from spark_connector.sync import latest_batch, ring_queries
+
+    settings = _settings(ring, secret_file)
+    with SyncClient(settings.ring, settings.secret) as client:
+        queries = ring_queries(client, query)
+        latest = {name: latest_batch(client, name) for name in queries}
+    if as_json:
+        entries = [
+            {"query": name, "batches": batches, "latest": latest[name]}
+            for name, batches in queries.items()
+        ]
+        click.echo(json.dumps({"queries": entries}, indent=2))
+        return
+    if not queries:
+        click.echo("no query has state on the ring")
+        return
+    for name, batches in queries.items():
+        shown = ", ".join(str(batch) for batch in batches)
+        click.echo(f"{name}  latest {latest[name]}  batches {shown}")
+
+
+@spark.command("restore")
+@click.option("--query", required=True, help="Name the query was registered under.")
+@click.option("--to", "target", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Checkpoint directory to create (empty or absent).")  # fmt: skip
+@click.option("--batch", "batch_id", type=click.IntRange(0), help="Batch (default: newest).")
+@click.option("--topology", default="auto", show_default=True,
+              help="star, line, tree[:FANOUT] or auto.")  # fmt: skip
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty --to directory.")
+@_ring_options
+@_fail_cleanly
+def spark_restore(
+    query: str, target: Path, batch_id: int | None, topology: str, overwrite: bool,
+    ring: str | None, secret_file: Path | None,
+) -> None:  # fmt: skip
+    """Restore a query's checkpoint directory from the ring; start the query on it."""
+    from spark_connector.sync import StateSync
+
+    settings = _settings(ring, secret_file)
+    sync = StateSync(settings.ring, query, target, settings.secret)
+    try:
+        restored = sync.restore(topology, batch_id=batch_id, overwrite=overwrite)
+        report = sync.last_restore
+    finally:
+        sync.close()
+    if restored is None or report is None:
+        click.echo(f"the ring has no state of query {query!r}", err=True)
+        sys.exit(3)
+    recovery = report.recovery
+    click.echo(
+        f"restored batch {restored} of {query} into {sync.checkpoint_dir}: {report.files} "
+        f"files, {report.bytes_total} bytes, {recovery.topology} in {recovery.seconds:.2f} s"
+        + (f" ({recovery.reason})" if recovery.reason else "")
+    )
+
+
+@spark.command("forget")
+@click.option("--query", required=True, help="Name the query was registered under.")
+@click.option("--keep", required=True, type=click.IntRange(0),
+              help="Newest batches to keep (0: forget the query).")  # fmt: skip
+@_ring_options
+@_fail_cleanly
+def spark_forget(query: str, keep: int, ring: str | None, secret_file: Path | None) -> None:
+    """Delete a query's older batches from the ring (peers collect their chunks once no
+    kept batch references them, after --gc-grace)."""
+    from spark_connector.manifest import check_query_name
+    from spark_connector.sync import forget
+
+    settings = _settings(ring, secret_file)
+    with SyncClient(settings.ring, settings.secret) as client:
+        deleted = forget(client, check_query_name(query), keep)
+    shown = ", ".join(str(batch) for batch in deleted) or "none"
+    click.echo(f"{query}: deleted {len(deleted)} batches ({shown}); kept the newest {keep}")
+
+
 @cli.command()
-@click.option("--state-size", default="64MiB", show_default=True, help="Size of the state file.")
+@click.option("--batches", default=12, show_default=True, type=click.IntRange(3, 600),
+              help="Input files, one micro-batch each.")  # fmt: skip
+@click.option("--kill-at", default=5, show_default=True, type=click.IntRange(0, 597),
+              help="SIGKILL the driver once the ring holds this batch.")  # fmt: skip
 @click.option("--peers", default=5, show_default=True, type=click.IntRange(3, 50))
 @click.option("--fail", "fail_count", default=2, show_default=True, type=click.IntRange(0, 49))
 @click.option("--seed", default=7, show_default=True, type=int)
+@click.option("--storage-only", is_flag=True,
+              help="No Spark: store a state file, kill --fail peers, read it back.")  # fmt: skip
+@click.option("--state-size", default="64MiB", show_default=True,
+              help="Size of the state file (--storage-only).")  # fmt: skip
 @_fail_cleanly
-def demo(state_size: str, peers: int, fail_count: int, seed: int) -> None:
-    """The main job: a local ring survives losing peers and returns state byte-identical."""
-    from sr3.demo import run_demo
+def demo(
+    batches: int, kill_at: int, peers: int, fail_count: int, seed: int, storage_only: bool,
+    state_size: str,
+) -> None:  # fmt: skip
+    """The main job: a Spark query loses its driver, its checkpoint and --fail peers,
+    restores its state from the ring and produces exactly the output of a run without
+    failures (needs sr3[spark] and Java 17)."""
+    from sr3.demo import SparkDemoOptions, run_demo, run_spark_demo
 
-    sys.exit(run_demo(parse_size(state_size), peers=peers, fail=fail_count, seed=seed))
+    if storage_only:
+        sys.exit(run_demo(parse_size(state_size), peers=peers, fail=fail_count, seed=seed))
+    options = SparkDemoOptions(
+        batches=batches, kill_at=kill_at, peers=peers, fail=fail_count, seed=seed
+    )
+    sys.exit(run_spark_demo(options))
 
 
 def main() -> None:

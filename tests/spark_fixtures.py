@@ -24,7 +24,11 @@ from typing import Any
 import pytest
 
 PROVIDERS = {
-    "hdfs": {},
+    "hdfs": {
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+        ),
+    },
     "rocksdb": {
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

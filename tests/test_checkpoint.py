@@ -342,6 +342,25 @@ def test_state_files_the_driver_cannot_see_are_named_with_the_shared_fs_requirem
         cut_for_batch(entries, 0, state_partitions=2)
 
 
+def test_a_file_source_log_is_cut_at_the_offset_the_batch_recorded() -> None:
+    """The driver logged the files of batches 4 and 5 (planned, not committed) before it
+    died: a cut at batch 3 (logOffset 3) leaves them out, so the restarted query plans
+    batch 4 with the same files as the uninterrupted run."""
+    sources = [f"sources/0/{k}" for k in range(6)] + ["sources/1/0"]
+    cut = cut_for_batch(listing(*query_files(2, 3), *sources), 3, source_log_ends={0: 3})
+    assert paths(cut, "sources/") == [*(f"sources/0/{k}" for k in range(4)), "sources/1/0"]
+    # After compaction (9.compact holds 0-9, older entries cleaned): cut above it.
+    compacted = ["sources/0/9.compact", "sources/0/10", "sources/0/11", "sources/0/12"]
+    cut = cut_for_batch(listing(*query_files(10, 11), *compacted), 11, source_log_ends={0: 10})
+    assert paths(cut, "sources/") == sorted(compacted[:2])
+    # An entry up to the end is missing: nothing can be vouched for, the log stays whole.
+    holes = ["sources/0/0", "sources/0/2", "sources/0/3"]
+    cut = cut_for_batch(listing(*query_files(1, 2), *holes), 2, source_log_ends={0: 2})
+    assert paths(cut, "sources/") == holes
+    # Without ends (no file source, or the caller did not read them): taken whole.
+    assert paths(cut_for_batch(listing(*query_files(2, 3), *sources), 3), "sources/") == sources
+
+
 def test_missing_highest_partitions_raise_when_the_partition_count_is_known() -> None:
     entries = listing(*query_files(0), "state/0/0/1.delta", "state/0/1/1.delta")
     assert len(paths(cut_for_batch(entries, 0), "state/")) == 2

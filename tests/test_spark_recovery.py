@@ -501,14 +501,6 @@ def termination_watch(query_id: str) -> Any:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason=(
-        "spark_connector/sync.py StateSync.register reads query.sparkSession.streams; "
-        "PySpark 4.3's StreamingQuery has no sparkSession attribute"
-    ),
-)
 def test_register_pushes_the_batches_a_query_commits(
     spark: Any, make_cluster: MakeCluster, tmp_path: Path
 ) -> None:
