@@ -534,13 +534,22 @@ class Client:
         if not all(codec.is_chunk_id(ref) for ref in refs):
             raise ProtocolError("refs must be chunk ids")
         body = b"".join(bytes.fromhex(ref) for ref in refs) + value
+        return await self._compare_and_set(
+            key,
+            expected_version,
+            lambda member: self._put_record_to(member, key, body, expected_version, len(refs)),
+        )
+
+    async def _compare_and_set(
+        self, key: str, expected_version: int, write: Callable[[Member], Awaitable[int]]
+    ) -> int:
+        """Run ``write`` (its answer: the stored version, -1 for a conflict) on the key's
+        preferred peers; ``expected_version + 1`` once W acknowledged."""
         view = await self.ring()
         answers, causes = await self._fan_out(
             view.ring.candidates(key, view.replication),
             view.replication,
-            lambda member, _hint: self._put_record_to(
-                member, key, body, expected_version, len(refs)
-            ),
+            lambda member, _hint: write(member),
             strict=True,
         )
         acks = sum(1 for _member, version in answers if version >= 0)
@@ -565,20 +574,11 @@ class Client:
     async def delete_record(self, key: str, *, expected_version: int) -> int:
         """Compare-and-set delete: a tombstone as ``expected_version + 1`` on W..R of the
         key's preferred peers (as ``put_record``); the tombstone's version."""
-        view = await self.ring()
-        answers, causes = await self._fan_out(
-            view.ring.candidates(key, view.replication),
-            view.replication,
-            lambda member, _hint: self._delete_record_at(member, key, expected_version),
-            strict=True,
+        return await self._compare_and_set(
+            key,
+            expected_version,
+            lambda member: self._delete_record_at(member, key, expected_version),
         )
-        acks = sum(1 for _member, version in answers if version >= 0)
-        if acks >= view.write_quorum:
-            return expected_version + 1
-        if any(version < 0 for _member, version in answers):
-            current = await self.get_record(key, include_deleted=True)
-            raise RecordConflict(key, expected_version, current.version if current else 0)
-        raise QuorumError(f"record {key!r}", acks, view.write_quorum, causes)
 
     async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
         """Keys under ``prefix`` with the newest version any reachable peer knows (keys
