@@ -202,7 +202,11 @@ def _spark_story(
         output_dir=str(home / "output-killed"), query=QUERY, trigger_s=options.trigger_s,
         run_s_max=options.driver_wait_s + 60,
     )  # fmt: skip
-    env = {**os.environ, "SR3_RING": cluster.ring, "SR3_SECRET": cluster.secret}
+    # SPARK_LOCAL_IP: Spark binds and resolves on loopback from its first line on.
+    env = {
+        **os.environ, "SR3_RING": cluster.ring, "SR3_SECRET": cluster.secret,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }  # fmt: skip
     env["PYTHONUNBUFFERED"] = "1"
     log_path = home / "driver-killed.log"
     with _driver("run", job, env, log_path) as driver:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,10 @@ def spark() -> Iterator[Any]:
         pytest.skip("no Java runtime for Spark")
     from pyspark.sql import SparkSession
 
+    # Loopback from the JVM's first line on (spark.driver.host applies later), and
+    # Python workers from this interpreter, which has pandas and pyarrow.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.master("local[2]")
         .appName("sr3-tests")
