@@ -61,7 +61,7 @@ from sr3.blobs import BlobRef
 from sr3.client import ClientOptions, file_source
 from sr3.codec import compact_json
 from sr3.config import resolve
-from sr3.errors import ConfigError, ProtocolError, SR3Error
+from sr3.errors import ConfigError, ProtocolError, RecordConflict, SR3Error
 from sr3.files import file_digest, fsync_dir
 from sr3.sync import SyncClient
 
@@ -144,6 +144,9 @@ class StateSync:
         self.last_error: str | None = None
         # What the last restore() fetched: files, bytes, and the recovery's figures.
         self.last_restore: RestoreReport | None = None
+        # batch id -> manifest version of the query's batches on the ring (0: unknown);
+        # None until the first push lists them.
+        self._ring_batches: dict[int, int] | None = None
 
     def close(self) -> None:
         """Stop pushing (the batch being pushed is finished first) and close the client."""
@@ -300,22 +303,43 @@ class StateSync:
         version = self._write_manifest(manifest)
         self._move_latest(cut.batch_id)
         try:
-            forget(self._client, self.query, self.keep_batches)
+            self._retain(cut.batch_id, version)
         except SR3Error as exc:  # the batch is safe; older ones go on the next push
             log.warning("sr3 retention of query %s failed: %s", self.query, exc)
         return PushReport(
             cut.batch_id, len(files), manifest.size, sum(size for _, size, _ in fresh), version
         )
 
+    def _retain(self, batch_id: int, version: int) -> None:
+        """Delete manifests older than the newest ``keep_batches``. The ring is listed
+        once (batches earlier runs pushed); after that this pusher knows what it wrote,
+        so a push costs no listing of every peer."""
+        if self._ring_batches is None:
+            self._ring_batches = dict.fromkeys(self.batches(), 0)
+        self._ring_batches[batch_id] = version
+        while len(self._ring_batches) > self.keep_batches:
+            oldest = min(self._ring_batches)
+            key = manifest_key(self.query, oldest)
+            known = self._ring_batches[oldest]
+            try:
+                if known <= 0:
+                    raise RecordConflict(key, known, 0)
+                self._client.delete_record(key, expected_version=known)
+            except RecordConflict:  # not what we wrote (or unknown): read it first
+                _delete(self._client, key)
+            del self._ring_batches[oldest]
+
     def _write_manifest(self, manifest: Manifest) -> int:
         key = manifest_key(self.query, manifest.batch_id)
-        current = self._client.get_record(key, include_deleted=True)
-        return self._client.put_record(
-            key,
-            compact_json(manifest.to_json()),
-            expected_version=current.version if current else 0,
-            refs=manifest.chunk_ids(),
-        )
+        value = compact_json(manifest.to_json())
+        try:  # a new batch: nothing to read first
+            return self._client.put_record(
+                key, value, expected_version=0, refs=manifest.chunk_ids()
+            )
+        except RecordConflict as exc:  # pushed before (a retry, or after a restore)
+            return self._client.put_record(
+                key, value, expected_version=exc.current, refs=manifest.chunk_ids()
+            )
 
     def _move_latest(self, batch_id: int) -> None:
         key = latest_key(self.query)
@@ -331,6 +355,7 @@ class StateSync:
     def forget(self, keep: int) -> list[int]:
         """Delete all but the newest ``keep`` batches of this query (0: all of them,
         and the latest pointer); the batch ids deleted."""
+        self._ring_batches = None
         return forget(self._client, self.query, keep)
 
     def batches(self) -> list[int]:

@@ -295,3 +295,15 @@ def test_retention_keeps_the_newest_batches_and_the_spark_commands_work(
     assert "no query" in sr3(cluster, "spark", "list").stdout
     bad = sr3(cluster, "spark", "forget", "--query", "../x", "--keep", "1")
     assert bad.returncode != 0 and "query name" in bad.stderr
+
+    # Pushed again after being forgotten (over the tombstones), by a new pusher keeping
+    # one batch: it finds what an earlier pusher left and keeps only its newest.
+    earlier = StateSync(cluster.ring, "kept", source, cluster.secret, keep_batches=5)
+    later = StateSync(cluster.ring, "kept", source, cluster.secret, keep_batches=1)
+    try:
+        earlier.push(19)
+        assert later.push(20).manifest_version == 3  # over the tombstone of version 2
+        assert later.batches() == [20] and later.latest_batch() == 20
+    finally:
+        earlier.close()
+        later.close()
