@@ -321,6 +321,7 @@ def write_ids(directory: Path, index: int, first_id: int, count: int) -> Path:
 def start_spark(settings: Settings, local_dir: Path) -> Any:
     from pyspark.sql import SparkSession
 
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback from the JVM's start
     session = (
         SparkSession.builder.master(f"local[{settings.spark_cores}]")
         .appName("sr3-bench-connector")

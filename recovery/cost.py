@@ -49,8 +49,10 @@ star, "pipeline fill" for line and tree) or the link that sets the throughput
 requester's link, among the topologies within ``tie_tolerance`` of it it prefers the
 smallest ``max_fan_in`` (gentler on the requester, and fan-in buys nothing through a
 narrow link), then the cheapest, then the simplest (star, line, tree: fewer peers
-relaying). When peers or CPUs bound it, it takes the cheapest outright: relaying
-through more hops costs work the model does not see. Its ``reason`` is one sentence naming the
+relaying). When CPUs bound it, among those within ``tie_tolerance`` it takes the
+simplest: every relay hop costs CPU the model does not count (and on hosts the relays
+share with the requester, that CPU is the requester's). When peers' egress bounds it, it
+takes the cheapest outright. Its ``reason`` is one sentence naming the
 deciding term with numbers.
 
 Known blind spots
@@ -315,10 +317,14 @@ def _tie_reason(
     context = _shared_bottleneck(terms) or (
         f"{cheapest.topology} is cheapest at {_format_s(cheapest.seconds)} ({cheapest.bottleneck})"
     )
+    if cheapest.bottleneck == "cpu":
+        gain = "with fewer relays, whose CPU the estimate does not count"
+    else:
+        gain = f"with fan-in {chosen.max_fan_in} instead of {cheapest.max_fan_in}"
     return (
         f"{context}; {chosen.topology} matches {cheapest.topology} within "
         f"{tie_tolerance * 100:g}% ({_format_s(chosen.seconds)} vs {_format_s(cheapest.seconds)}) "
-        f"with fan-in {chosen.max_fan_in} instead of {cheapest.max_fan_in}"
+        f"{gain}"
     )
 
 
@@ -398,11 +404,18 @@ def choose(
     cheapest = min(terms, key=lambda term: (term.seconds, _simplicity(term)))
     bound_s = cheapest.seconds * (1 + tie_tolerance)
     # Fan-in buys nothing only when the requester's own link is what limits the cheapest
-    # plan; when peers or CPUs limit it, extra hops cost real work the model does not see.
-    if cheapest.estimate().bottleneck != "requester link":
+    # plan. When CPUs limit it, every relay hop costs CPU the model does not count (on
+    # hosts shared with the relays, it is the requester's): among plans within the
+    # tolerance the one with the fewest relays wins. When peers' egress limits it, the
+    # cheapest wins outright.
+    bottleneck = cheapest.estimate().bottleneck
+    if bottleneck not in ("requester link", "cpu"):
         bound_s = cheapest.seconds
     near = [term for term in terms if term.seconds <= bound_s]
-    chosen = min(near, key=lambda term: (term.max_fan_in, term.seconds, _simplicity(term)))
+    if bottleneck == "cpu":
+        chosen = min(near, key=lambda term: (_simplicity(term), term.seconds))
+    else:
+        chosen = min(near, key=lambda term: (term.max_fan_in, term.seconds, _simplicity(term)))
     if chosen is cheapest:
         reason = _win_reason(chosen, [term for term in terms if term is not chosen])
     else:

@@ -470,13 +470,21 @@ def _topology(name: str) -> Topology | Literal["auto"]:
 
 
 class _Writer:
-    """Writes chunks, in any order, at their extents' offsets in every file they hold."""
+    """Writes chunks, in any order, at their extents' offsets in every file they hold.
+
+    A file is fsynced as soon as its last byte is written (from the writing thread), so
+    that the disk's writeback overlaps the rest of the fetch instead of following it."""
 
     def __init__(self, root: Path, files: Sequence[ManifestFile]) -> None:
         self.files = files
         self.paths = [root / f.path for f in files]
         self.placements: dict[str, list[tuple[int, int, int, int]]] = {}
         self.fds: list[int] = []
+        self._lock = threading.Condition()
+        self._writing = 0  # writes in worker threads (close waits for them)
+        self._left = [file.blob.size for file in files]  # bytes not yet written, per file
+        self._synced = [False] * len(files)
+        self._delivered: set[str] = set()
         for index, (file, path) in enumerate(zip(files, self.paths, strict=True)):
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -495,20 +503,50 @@ class _Writer:
         await asyncio.to_thread(self._write, chunk_id, raw)
 
     def _write(self, chunk_id: str, raw: bytes) -> None:
+        with self._lock:
+            if not self.fds:
+                return  # closed: a fetch that failed left this write behind
+            self._writing += 1
+        try:
+            self._write_placements(chunk_id, raw)
+        finally:
+            with self._lock:
+                self._writing -= 1
+                self._lock.notify_all()
+
+    def _write_placements(self, chunk_id: str, raw: bytes) -> None:
         view = memoryview(raw)
-        for index, file_offset, chunk_offset, length in self.placements[chunk_id]:
+        placements = self.placements[chunk_id]
+        for index, file_offset, chunk_offset, length in placements:
             done = 0
             while done < length:
                 start = chunk_offset + done
                 done += os.pwrite(
                     self.fds[index], view[start : chunk_offset + length], file_offset + done
                 )
+        complete: list[int] = []
+        with self._lock:
+            if chunk_id in self._delivered:
+                return
+            self._delivered.add(chunk_id)
+            for index, _file_offset, _chunk_offset, length in placements:
+                self._left[index] -= length
+                if self._left[index] == 0 and not self._synced[index]:
+                    self._synced[index] = True
+                    complete.append(index)
+        for index in complete:
+            os.fsync(self.fds[index])
 
     def close(self) -> None:
-        for fd in self.fds:
-            os.fsync(fd)
+        # A cancelled sink's thread may still be writing: never close an fd under it.
+        with self._lock:
+            while self._writing:
+                self._lock.wait()
+            fds, self.fds = self.fds, []
+        for index, fd in enumerate(fds):
+            if not self._synced[index]:
+                os.fsync(fd)
             os.close(fd)
-        self.fds = []
 
     def verify(self) -> None:
         for file, path in zip(self.files, self.paths, strict=True):

@@ -96,6 +96,21 @@ def test_many_holders_behind_a_connection_cap_go_tree(peer_bytes_s: float | None
     assert "pipeline fill over 64 hops" in choice.reason
 
 
+def test_cpu_bound_recovery_goes_to_the_plan_with_fewest_relays_within_the_tolerance() -> None:
+    """Fast links everywhere (the restore of a checkpoint on one host): every plan is
+    CPU-bound and the tree's shorter latency term wins on paper by a few percent, but
+    its relays cost CPU the estimate does not count. Star, and the reason says why."""
+    workload = Workload(state_bytes=295 * MiB, chunks=70, holders=5, failed_peers=0)
+    network = Network(rtt_s=0.0016)
+    estimates = {e.topology: e for e in choose(workload, network).estimates}
+    assert estimates["tree"].seconds < estimates["star"].seconds  # the model's own view
+    choice = choose(workload, network)
+    assert choice.topology == "star", choice.reason
+    assert "fewer relays" in choice.reason
+    strict = choose(workload, network, tie_tolerance=0.0)
+    assert strict.topology == "tree"
+
+
 def test_wide_requester_in_front_of_slow_peers_goes_star() -> None:
     workload = Workload(state_bytes=256 * MiB, chunks=64, holders=8)
     choice = choose(workload, Network(peer_bytes_s=50 * MB_S))
