@@ -58,7 +58,7 @@ from spark_connector.manifest import (
     manifests_prefix,
 )
 from sr3.blobs import BlobRef
-from sr3.client import ClientOptions, file_source
+from sr3.client import ClientOptions, RecordValue, file_source
 from sr3.codec import compact_json
 from sr3.config import resolve
 from sr3.errors import ConfigError, ProtocolError, RecordConflict, SR3Error
@@ -274,7 +274,8 @@ class StateSync:
 
     def _push_once(self, batch_id: int | None) -> PushReport:
         cut = read_cut(self.checkpoint_dir, batch_id)
-        if self._known and self.latest_batch() is None:
+        pointer = self._client.get_record(latest_key(self.query), include_deleted=True)
+        if self._known and (pointer is None or pointer.deleted):
             # The query was forgotten on the ring (`sr3 spark forget --keep 0`): the chunks
             # of files pushed before are no longer referenced and may be collected.
             self._known.clear()
@@ -301,7 +302,7 @@ class StateSync:
             tuple(ManifestFile(path, files[path]) for path in sorted(files)),
         )  # fmt: skip
         version = self._write_manifest(manifest)
-        self._move_latest(cut.batch_id)
+        self._move_latest(cut.batch_id, pointer)
         try:
             self._retain(cut.batch_id, version)
         except SR3Error as exc:  # the batch is safe; older ones go on the next push
@@ -341,16 +342,22 @@ class StateSync:
                 key, value, expected_version=exc.current, refs=manifest.chunk_ids()
             )
 
-    def _move_latest(self, batch_id: int) -> None:
+    def _move_latest(self, batch_id: int, current: RecordValue | None) -> None:
+        """Point ``latest`` at ``batch_id`` unless it names a newer batch; ``current`` is
+        the pointer as read before the push (re-read if another writer moved it since)."""
         key = latest_key(self.query)
-        current = self._client.get_record(key, include_deleted=True)
-        if current is not None and not current.deleted and _pointer(current.value) >= batch_id:
-            return
-        self._client.put_record(
-            key,
-            compact_json({"batch_id": batch_id}),
-            expected_version=current.version if current else 0,
-        )
+        value = compact_json({"batch_id": batch_id})
+        for _attempt in range(PUSH_ATTEMPTS_MAX):
+            if current is not None and not current.deleted and _pointer(current.value) >= batch_id:
+                return
+            try:
+                self._client.put_record(
+                    key, value, expected_version=current.version if current else 0
+                )
+                return
+            except RecordConflict:
+                current = self._client.get_record(key, include_deleted=True)
+        raise SR3Error(f"the latest pointer of query {self.query} kept moving under this push")
 
     def forget(self, keep: int) -> list[int]:
         """Delete all but the newest ``keep`` batches of this query (0: all of them,
