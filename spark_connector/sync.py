@@ -281,11 +281,13 @@ class StateSync:
             self._known.clear()
         files: dict[str, BlobRef] = {}
         fresh: list[tuple[str, int, int]] = []
+        known: dict[str, tuple[int, int, BlobRef]] = {}
         for entry in cut.files:
             stat = (self.checkpoint_dir / entry.path).stat()
-            known = self._known.get(entry.path)
-            if known is not None and known[:2] == (stat.st_size, stat.st_mtime_ns):
-                files[entry.path] = known[2]
+            seen = self._known.get(entry.path)
+            if seen is not None and seen[:2] == (stat.st_size, stat.st_mtime_ns):
+                files[entry.path] = seen[2]
+                known[entry.path] = seen
             else:
                 fresh.append((entry.path, stat.st_size, stat.st_mtime_ns))
         sources = [file_source(self.checkpoint_dir / path) for path, _, _ in fresh]
@@ -293,15 +295,16 @@ class StateSync:
             fresh, self._client.put_sources(sources), strict=True
         ):
             files[path] = blob
-            self._known[path] = (size, mtime_ns, blob)
-        # Only the files of this cut can be in the next one (checkpoint files are written
-        # once): the cache stays as large as one cut.
-        self._known = {path: self._known[path] for path in files}
+            known[path] = (size, mtime_ns, blob)
         manifest = Manifest(
             self.query, cut.batch_id, cut.state_version, str(self.checkpoint_dir),
             tuple(ManifestFile(path, files[path]) for path in sorted(files)),
         )  # fmt: skip
         version = self._write_manifest(manifest)
+        # Remembered only once a manifest references them (chunks no record references
+        # are collected after the peers' grace), and only this cut's files: checkpoint
+        # files are written once, so no older file can be in the next cut.
+        self._known = known
         self._move_latest(cut.batch_id, pointer)
         try:
             self._retain(cut.batch_id, version)
