@@ -954,3 +954,29 @@ def test_spark_reads_and_restarts_from_copied_cuts(
     expected = [row for rows in uninterrupted.values() for row in rows]
     assert expected, "the query emitted nothing: the comparison would prove nothing"
     assert sorted(resumed) == sorted(expected)
+
+
+@given(
+    present=st.sets(st.integers(0, 40), max_size=30),
+    compactions=st.sets(st.integers(0, 40), max_size=4),
+    end=st.integers(0, 40),
+)
+def test_a_source_log_is_trimmed_exactly_above_its_end_or_kept_whole(
+    present: set[int], compactions: set[int], end: int
+) -> None:
+    """Whatever the log holds: entries at or below the end are never dropped, and either
+    every entry above it is dropped (the log up to the end is complete from its newest
+    compaction) or nothing is."""
+    names = {f"sources/0/{k}" for k in present - compactions}
+    names |= {f"sources/0/{k}.compact" for k in compactions}
+    names |= {"sources/0/metadata", "sources/1/7"}
+    cut = cut_for_batch(listing(*query_files(0), *sorted(names)), 0, source_log_ends={0: end})
+    kept = set(paths(cut, "sources/"))
+    assert {"sources/0/metadata", "sources/1/7"} <= kept
+    log_names = {name for name in names if name.startswith("sources/0/") and "metadata" not in name}
+    number = {name: int(name.rsplit("/", 1)[1].split(".")[0]) for name in log_names}
+    assert {name for name in log_names if number[name] <= end} <= kept
+    above = {name for name in log_names if number[name] > end}
+    base = max((k for k in compactions if k <= end), default=-1) + 1
+    complete = all(k in present | compactions for k in range(base, end + 1))
+    assert not (above & kept) if complete else above <= kept
