@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -362,6 +363,20 @@ def kill_all_but_quorum(cluster: LocalCluster, rng: random.Random) -> list[str]:
     return victims
 
 
+WIPE_TRIES = 50
+
+
+def wipe(checkpoint: Path) -> None:
+    """Delete a checkpoint directory while the session's state store maintenance may
+    still be writing snapshots into it (it runs on after the query stopped)."""
+    for _attempt in range(WIPE_TRIES):
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        if not checkpoint.exists():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{checkpoint} could not be deleted: something keeps writing to it")
+
+
 def check_recovery(
     spark: Any,
     cluster: LocalCluster,
@@ -386,7 +401,7 @@ def check_recovery(
     expected_state = {store: read_state(spark, original, batch, store) for store in query.stores}
     for store, rows in expected_state.items():
         assert rows, f"{store} holds no state at batch {batch}: the comparison proves nothing"
-    shutil.rmtree(original)
+    wipe(original)
 
     killed = kill_all_but_quorum(cluster, rng)
     restored = (tmp_path / "restored").resolve()
