@@ -61,6 +61,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_store import cpu_seconds  # this script's folder is first on sys.path
+
 from spark_connector.checkpoint import read_cut
 from spark_connector.sync import PushReport, StateSync
 from sr3.local import LocalCluster
@@ -126,15 +128,6 @@ QUICK = Settings(
 
 
 # -- measuring helpers -------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process and all its threads, from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)

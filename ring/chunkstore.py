@@ -127,8 +127,8 @@ class ChunkStore:
 
     async def put(self, chunk_id: str, stored: bytes) -> bool:
         """Verify and durably store a chunk. False if it was already present."""
-        self._last_stored[chunk_id] = self._clock()
         if chunk_id in self._index:
+            self._last_stored[chunk_id] = self._clock()
             return False
         # Checked before it is written: the full decode proves header, payload and address.
         await asyncio.to_thread(codec.decode, stored, chunk_id)
@@ -152,6 +152,7 @@ class ChunkStore:
         if chunk_id not in self._index:
             self._index[chunk_id] = len(stored)
             self._stored_bytes += len(stored)
+        self._last_stored[chunk_id] = self._clock()
         return True
 
     async def get(self, chunk_id: str) -> bytes | None:
@@ -207,7 +208,6 @@ class ChunkStore:
         with contextlib.suppress(FileNotFoundError):
             os.rename(self._path(chunk_id), self._tmp_dir / f"{TRASH_PREFIX}{chunk_id}")
         self._forget(chunk_id)
-        self._last_stored.pop(chunk_id, None)
         return size
 
     async def empty_trash(self) -> None:
@@ -230,6 +230,7 @@ class ChunkStore:
             self.on_corrupt(chunk_id, reason)
 
     def _forget(self, chunk_id: str) -> None:
+        self._last_stored.pop(chunk_id, None)
         size = self._index.pop(chunk_id, None)
         if size is not None:
             self._stored_bytes -= size

@@ -389,10 +389,7 @@ class Peer:
         limit = _int_query(request, "limit", LIST_LIMIT_MAX)
         if not 0 < limit <= LIST_LIMIT_MAX:
             raise ProtocolError(f"limit must be between 1 and {LIST_LIMIT_MAX}")
-        include_deleted = request.query.get("deleted", "0")
-        if include_deleted not in ("0", "1"):
-            raise ProtocolError("deleted must be 0 or 1")
-        entries = self.records.list(prefix, limit, include_deleted=include_deleted == "1")
+        entries = self.records.list(prefix, limit, include_deleted=_flag_query(request, "deleted"))
         return web.json_response(
             {
                 "records": [
@@ -428,11 +425,8 @@ class Peer:
         value, refs = split_envelope(await request.read(), refs_count)
         if "version" in request.query:
             version = _int_query(request, "version", None)
-            deleted = request.query.get("deleted", "0")
-            if deleted not in ("0", "1"):
-                raise ProtocolError("deleted must be 0 or 1")
             stored = await self.records.put_repair(
-                key, value, version, refs, deleted=deleted == "1"
+                key, value, version, refs, deleted=_flag_query(request, "deleted")
             )
             return web.json_response({"key": key, "version": version, "stored": stored})
         expected = _int_query(request, "expected_version", None)
@@ -470,6 +464,14 @@ def _int_query(request: web.Request, name: str, default: int | None) -> int:
     if not raw.isdigit() or len(raw) > 18:
         raise ProtocolError(f"query parameter {name!r} must be a non-negative integer")
     return int(raw)
+
+
+def _flag_query(request: web.Request, name: str) -> bool:
+    """An optional 0/1 query parameter (absent: 0)."""
+    raw = request.query.get(name, "0")
+    if raw not in ("0", "1"):
+        raise ProtocolError(f"query parameter {name!r} must be 0 or 1")
+    return raw == "1"
 
 
 def _json_body(body: bytes) -> dict[str, Any]:

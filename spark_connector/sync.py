@@ -324,26 +324,17 @@ class StateSync:
         while len(self._ring_batches) > self.keep_batches:
             oldest = min(self._ring_batches)
             key = manifest_key(self.query, oldest)
-            known = self._ring_batches[oldest]
-            try:
-                if known <= 0:
-                    raise RecordConflict(key, known, 0)
-                self._client.delete_record(key, expected_version=known)
-            except RecordConflict:  # not what we wrote (or unknown): read it first
-                _delete(self._client, key)
+            _delete(self._client, key, self._ring_batches[oldest])
             del self._ring_batches[oldest]
 
     def _write_manifest(self, manifest: Manifest) -> int:
         key = manifest_key(self.query, manifest.batch_id)
         value = compact_json(manifest.to_json())
+        refs = manifest.chunk_ids()
         try:  # a new batch: nothing to read first
-            return self._client.put_record(
-                key, value, expected_version=0, refs=manifest.chunk_ids()
-            )
+            return self._client.put_record(key, value, expected_version=0, refs=refs)
         except RecordConflict as exc:  # pushed before (a retry, or after a restore)
-            return self._client.put_record(
-                key, value, expected_version=exc.current, refs=manifest.chunk_ids()
-            )
+            return self._client.put_record(key, value, expected_version=exc.current, refs=refs)
 
     def _move_latest(self, batch_id: int, current: RecordValue | None) -> None:
         """Point ``latest`` at ``batch_id`` unless it names a newer batch; ``current`` is
@@ -457,7 +448,15 @@ def forget(client: SyncClient, query: str, keep: int) -> list[int]:
     return doomed
 
 
-def _delete(client: SyncClient, key: str) -> None:
+def _delete(client: SyncClient, key: str, version: int = 0) -> None:
+    """Delete ``key``: at ``version`` when the caller knows it (what it wrote), else, or
+    when that is not the current version, at the version read first."""
+    if version > 0:
+        try:
+            client.delete_record(key, expected_version=version)
+            return
+        except RecordConflict:
+            pass
     current = client.get_record(key, include_deleted=True)
     if current is not None and not current.deleted:
         client.delete_record(key, expected_version=current.version)
