@@ -118,6 +118,7 @@ class Settings:
     restart_rows: int = 10_000
     restarts: int = 3
     settle_s: float = 2.0
+    restart: bool = True  # --no-restart: parts 1 and 2 only
 
 
 QUICK = Settings(
@@ -900,7 +901,15 @@ def print_report(report: dict[str, Any]) -> None:
             f"new {upload['new_bytes_visible'] / MIB:8.2f} MiB  "
             f"ratio {_ratio(upload['ratio_visible'], TARGET_UPLOAD_RATIO)}"
         )
-    restart = report["restart"]
+    if "restart" in report:
+        print_restart(report["restart"])
+    print(
+        f"\ncores {report['environment']['cores']}, Spark {report['environment']['spark']}, "
+        f"peers {report['peers']} (R={REPLICATION} W={WRITE_QUORUM}), run {report['run_s']:.0f} s"
+    )
+
+
+def print_restart(restart: dict[str, Any]) -> None:
     build = restart["build"]
     print(
         f"\nrestart: {build['cut_state_bytes'] / MIB:.0f} MiB of RocksDB state in the cut "
@@ -913,10 +922,6 @@ def print_report(report: dict[str, Any]) -> None:
         f"{restart['first_batch_after_ring_s_median']:.2f} s)\n"
         f"  local  {restart['local_total_s_median']:7.2f} s  (first batch only)\n"
         f"  ratio  {_ratio(restart['ratio'], TARGET_RESTART_RATIO)}"
-    )
-    print(
-        f"\ncores {report['environment']['cores']}, Spark {report['environment']['spark']}, "
-        f"peers {report['peers']} (R={REPLICATION} W={WRITE_QUORUM}), run {report['run_s']:.0f} s"
     )
 
 
@@ -935,10 +940,12 @@ def measure(bench: Bench) -> dict[str, Any]:
         bench.log(f"overhead and upload, {provider} provider")
         overhead[provider] = measure_overhead(bench, provider)
         upload[f"overhead-{provider}"] = overhead[provider]["upload"]
-    bench.log("restart, rocksdb provider")
-    restart = measure_restart(bench)
-    upload["restart-build"] = restart["build"]["upload"]
-    return {"overhead": overhead, "upload": upload, "restart": restart}
+    figures: dict[str, Any] = {"overhead": overhead, "upload": upload}
+    if bench.settings.restart:
+        bench.log("restart, rocksdb provider")
+        figures["restart"] = restart = measure_restart(bench)
+        upload["restart-build"] = restart["build"]["upload"]
+    return figures
 
 
 def run(settings: Settings, out: Path, log: Callable[[str], None]) -> None:
@@ -1015,6 +1022,11 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, Path]:
         if name == "providers":
             continue
         flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, help=f"default {value}"
+            )
+            continue
         parser.add_argument(flag, type=type(value), help=f"default {value} (quick: see QUICK)")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else defaults

@@ -102,10 +102,12 @@ class CheckpointError(SR3Error):
 
 @dataclass(frozen=True, slots=True)
 class FileEntry:
-    """One file of a checkpoint: its path relative to the root ('/'-separated) and size."""
+    """One file of a checkpoint: its path relative to the root ('/'-separated) and size;
+    a listed file also carries its modification time (not part of equality)."""
 
     path: str
     size: int
+    mtime_ns: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         parts = self.path.split("/")
@@ -451,10 +453,14 @@ def _ranges(versions: Sequence[int]) -> str:
 
 
 def list_checkpoint(root: Path) -> list[FileEntry]:
-    """Every regular file under ``root`` with its size, sorted by path.
+    """Every regular file under ``root`` that a cut may hold, with its size and
+    modification time, sorted by path.
 
-    Files and directories that disappear while walking (Spark's maintenance deletes old
-    versions, temp files are renamed) are left out; symbolic links are not followed.
+    Hidden files and directories (Hadoop's ``.crc`` side files, temporary directories) and
+    ``*.tmp`` files are not listed (nor stat-ed: a checkpoint holds about as many
+    ``.crc`` files as files). Files and directories that disappear while walking
+    (Spark's maintenance deletes old versions, temp files are renamed) are left out;
+    symbolic links are not followed.
     """
     entries: list[FileEntry] = []
     pending = [""]
@@ -474,13 +480,15 @@ def _scan(root: Path, relative: str, entries: list[FileEntry], pending: list[str
     try:
         with os.scandir(root / relative) as scan:
             for item in scan:
+                if item.name.startswith("."):
+                    continue
                 path = f"{relative}/{item.name}" if relative else item.name
                 try:
                     if item.is_dir(follow_symlinks=False):
                         pending.append(path)
-                    elif item.is_file(follow_symlinks=False):
-                        size = item.stat(follow_symlinks=False).st_size
-                        entries.append(FileEntry(path, size))
+                    elif item.is_file(follow_symlinks=False) and not item.name.endswith(".tmp"):
+                        stat = item.stat(follow_symlinks=False)
+                        entries.append(FileEntry(path, stat.st_size, stat.st_mtime_ns))
                 except FileNotFoundError:
                     continue
                 if len(entries) > LISTING_ENTRIES_MAX:
@@ -558,15 +566,42 @@ def read_offsets(root: Path, batch_id: int) -> tuple[int | None, dict[int, int]]
         raise CheckpointError(f"offsets/{batch_id}: cannot read it: {exc}") from exc
 
 
-def read_cut(root: Path, batch_id: int | None = None) -> Cut:
+def read_cut(
+    root: Path,
+    batch_id: int | None = None,
+    zip_cache: dict[str, tuple[FileEntry, tuple[FileEntry, ...]]] | None = None,
+) -> Cut:
     """List ``root`` and cut it at ``batch_id`` (default: the newest committed batch),
-    reading what the core cannot: the zips' SST lists and the number of partitions."""
+    reading what the core cannot: the zips' SST lists and the number of partitions.
+
+    ``zip_cache`` (the caller's, kept between calls) holds the SST lists of zips read
+    before, by path with the listed entry they were read from: a zip listed again with
+    the same size and modification time is not opened again. It is left holding the
+    zips of this cut only."""
     entries = list_checkpoint(root)
     if batch_id is None:
         batches = committed_batches(entries)
         if not batches:
             raise CheckpointError(f"{root}: no committed batch")
         batch_id = batches[-1]
-    references = read_sst_references(root, snapshot_zips(entries, batch_id))
+    zips = snapshot_zips(entries, batch_id)
+    if zip_cache is None:
+        references = read_sst_references(root, zips)
+    else:
+        listed = {entry.path: entry for entry in entries}
+        fresh = [
+            path
+            for path in zips
+            if path not in zip_cache or not _same_file(zip_cache[path][0], listed[path])
+        ]
+        for path, files in read_sst_references(root, fresh).items():
+            zip_cache[path] = (listed[path], files)
+        for path in set(zip_cache) - set(zips):
+            del zip_cache[path]
+        references = {path: zip_cache[path][1] for path in zips}
     partitions, source_log_ends = read_offsets(root, batch_id)
     return cut_for_batch(entries, batch_id, references, partitions, source_log_ends)
+
+
+def _same_file(before: FileEntry, now: FileEntry) -> bool:
+    return (before.size, before.mtime_ns) == (now.size, now.mtime_ns)

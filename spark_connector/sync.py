@@ -45,6 +45,7 @@ from recovery.executor import RecoveryResult, recover
 from recovery.plan import Topology, parse_topology
 from spark_connector.checkpoint import (
     CheckpointError,
+    FileEntry,
     committed_batches,
     list_checkpoint,
     read_cut,
@@ -133,6 +134,8 @@ class StateSync:
         self._client = SyncClient(settings.ring, settings.secret, options=client_options)
         # path -> (size, mtime_ns, blob) of files already on the ring
         self._known: dict[str, tuple[int, int, BlobRef]] = {}
+        # RocksDB zips of the last cut and the SST lists read from them (read_cut)
+        self._zips: dict[str, tuple[FileEntry, tuple[FileEntry, ...]]] = {}
         self.lag_batches_warn = lag_batches_warn
         self._changed = threading.Condition()
         self._newest_committed = -1
@@ -273,7 +276,7 @@ class StateSync:
         raise SR3Error(f"files kept vanishing while pushing {self.checkpoint_dir}")
 
     def _push_once(self, batch_id: int | None) -> PushReport:
-        cut = read_cut(self.checkpoint_dir, batch_id)
+        cut = read_cut(self.checkpoint_dir, batch_id, self._zips)
         pointer = self._client.get_record(latest_key(self.query), include_deleted=True)
         if self._known and (pointer is None or pointer.deleted):
             # The query was forgotten on the ring (`sr3 spark forget --keep 0`): the chunks
@@ -282,14 +285,13 @@ class StateSync:
         files: dict[str, BlobRef] = {}
         fresh: list[tuple[str, int, int]] = []
         known: dict[str, tuple[int, int, BlobRef]] = {}
-        for entry in cut.files:
-            stat = (self.checkpoint_dir / entry.path).stat()
+        for entry in cut.files:  # as listed: size and modification time
             seen = self._known.get(entry.path)
-            if seen is not None and seen[:2] == (stat.st_size, stat.st_mtime_ns):
+            if seen is not None and seen[:2] == (entry.size, entry.mtime_ns):
                 files[entry.path] = seen[2]
                 known[entry.path] = seen
             else:
-                fresh.append((entry.path, stat.st_size, stat.st_mtime_ns))
+                fresh.append((entry.path, entry.size, entry.mtime_ns))
         sources = [file_source(self.checkpoint_dir / path) for path, _, _ in fresh]
         for (path, size, mtime_ns), blob in zip(
             fresh, self._client.put_sources(sources), strict=True

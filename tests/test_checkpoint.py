@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -569,13 +570,20 @@ def rocksdb_metadata(*ssts: tuple[str, int], logs: Sequence[tuple[str, int]] = (
 def test_list_checkpoint_walks_files_with_sizes(tmp_path: Path) -> None:
     write_file(tmp_path, "metadata", b"12345")
     write_file(tmp_path, "offsets/0", b"")
+    write_file(tmp_path, "state/0/0/1.delta", b"abc")
     write_file(tmp_path, "state/0/0/.1.delta.crc", b"ab")
+    write_file(tmp_path, "state/0/0/2.delta.tmp", b"ab")
+    write_file(tmp_path, "offsets/.hidden/1", b"ab")
     (tmp_path / "empty").mkdir()
     os.symlink(tmp_path / "metadata", tmp_path / "link")
-    assert list_checkpoint(tmp_path) == [
+    listed = list_checkpoint(tmp_path)
+    assert listed == [
         FileEntry("metadata", 5),
         FileEntry("offsets/0", 0),
-        FileEntry("state/0/0/.1.delta.crc", 2),
+        FileEntry("state/0/0/1.delta", 3),
+    ]
+    assert [entry.mtime_ns for entry in listed] == [
+        (tmp_path / entry.path).stat().st_mtime_ns for entry in listed
     ]
 
 
@@ -661,6 +669,36 @@ def test_read_cut_uses_the_newest_committed_batch_and_zip_references(tmp_path: P
     empty.mkdir()
     with pytest.raises(CheckpointError, match="no committed batch"):
         read_cut(empty)
+
+
+def test_read_cut_reads_a_zip_again_only_when_it_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for path in [*query_files(0, 1, 2, committed=[0, 1]), "state/0/0/1.changelog"]:
+        write_file(tmp_path, path)
+    write_file(tmp_path, "state/0/0/SSTs/000008-aa.sst", b"a" * 100)
+    write_file(tmp_path, "state/0/0/SSTs/000012-cc.sst", b"c" * 30)
+    write_zip(tmp_path, "state/0/0/2.zip", rocksdb_metadata(("000008-aa.sst", 100)))
+    opened: list[str] = []
+    real_zipfile = zipfile.ZipFile
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> zipfile.ZipFile:
+        if (args[0] if args else kwargs.get("mode", "r")) == "r":
+            opened.append(Path(path).name)
+        return real_zipfile(path, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile, "ZipFile", counting)
+    cache: dict[str, Any] = {}
+    first = read_cut(tmp_path, zip_cache=cache)
+    assert read_cut(tmp_path, zip_cache=cache) == first
+    assert opened == ["2.zip"]
+    # Rewritten in place (a test of the cache's key, not something Spark does).
+    time.sleep(0.01)
+    write_zip(tmp_path, "state/0/0/2.zip", rocksdb_metadata(("000012-cc.sst", 30)))
+    again = read_cut(tmp_path, zip_cache=cache)
+    assert opened == ["2.zip", "2.zip"]
+    assert paths(again, "state/") == ["state/0/0/2.zip", "state/0/0/SSTs/000012-cc.sst"]
+    assert list(cache) == ["state/0/0/2.zip"]
 
 
 # ------------------------------------------------------- model of checkpoint histories
