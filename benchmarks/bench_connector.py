@@ -109,7 +109,7 @@ class Settings:
     providers: tuple[str, ...] = ("hdfs", "rocksdb")
     rows_per_batch: int = 20_000
     keys: int = 50_000
-    warmup_batches: int = 5
+    warmup_batches: int = 10
     blocks: int = 4
     block_batches: int = 10
     upload_batches: int = 10

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import xxhash
 from prometheus_client import Counter, Gauge
 
 from recovery.executor import RecoveryResult, recover
@@ -63,7 +64,7 @@ from sr3.client import ClientOptions, RecordValue, file_source
 from sr3.codec import compact_json
 from sr3.config import resolve
 from sr3.errors import ConfigError, ProtocolError, RecordConflict, SR3Error
-from sr3.files import file_digest, fsync_dir
+from sr3.files import READ_BYTES, fsync_dir
 from sr3.sync import SyncClient
 
 __all__ = [
@@ -92,6 +93,9 @@ FAILURES = Counter("sr3_connector_push_failures", "Pushes that failed (retried).
 # Small files whose contents may name the checkpoint's absolute path (transformWithState
 # operator metadata): rewritten when a state is restored into another directory.
 REWRITE_BYTES_MAX = 1024 * 1024
+# A restore holds chunk pieces that arrive ahead of their file's digest up to this many
+# bytes; past it, such pieces are read back from the written file instead.
+AHEAD_BYTES_MAX = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,7 +485,13 @@ def _topology(name: str) -> Topology | Literal["auto"]:
 
 
 class _Writer:
-    """Writes chunks, in any order, at their extents' offsets in every file they hold.
+    """Writes chunks, in any order, at their extents' offsets in every file they hold,
+    and checks each file against its digest as it is written.
+
+    A file's digest is fed from the chunks in memory: a piece that arrives ahead of a gap
+    is held (up to ``AHEAD_BYTES_MAX`` in all) until the gap is filled, or, past that
+    bound, read back from the file (page cache) then. So a restore reads nothing back
+    unless chunks arrive far out of file order, and never more than the whole.
 
     A file is fsynced as soon as its last byte is written (from the writing thread), so
     that the disk's writeback overlaps the rest of the fetch instead of following it."""
@@ -496,9 +506,15 @@ class _Writer:
         self._left = [file.blob.size for file in files]  # bytes not yet written, per file
         self._synced = [False] * len(files)
         self._delivered: set[str] = set()
+        self._hashers = [xxhash.xxh3_128() for _ in files]
+        self._hashed = [0] * len(files)  # bytes fed to each file's digest, from its start
+        # Per file: offset -> piece written but not yet fed (its length when not held).
+        self._ahead: list[dict[int, memoryview | int]] = [{} for _ in files]
+        self._held = 0  # bytes of the pieces held
+        self._mismatched: list[str] = []
         for index, (file, path) in enumerate(zip(files, self.paths, strict=True)):
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             self.fds.append(fd)
             os.ftruncate(fd, file.blob.size)
             offset = 0
@@ -540,13 +556,53 @@ class _Writer:
             if chunk_id in self._delivered:
                 return
             self._delivered.add(chunk_id)
-            for index, _file_offset, _chunk_offset, length in placements:
+            for index, file_offset, chunk_offset, length in placements:
+                self._feed(index, file_offset, view[chunk_offset : chunk_offset + length])
                 self._left[index] -= length
                 if self._left[index] == 0 and not self._synced[index]:
                     self._synced[index] = True
                     complete.append(index)
+                    self._check(index)
         for index in complete:
             os.fsync(self.fds[index])
+
+    def _feed(self, index: int, offset: int, piece: memoryview) -> None:
+        """Feed file ``index``'s digest up to where it is written contiguously (under
+        the lock: pieces of one file are fed in order)."""
+        if offset != self._hashed[index]:
+            if self._held + len(piece) <= AHEAD_BYTES_MAX:
+                self._ahead[index][offset] = piece
+                self._held += len(piece)
+            else:
+                self._ahead[index][offset] = len(piece)
+            return
+        hasher, ahead = self._hashers[index], self._ahead[index]
+        hasher.update(piece)
+        self._hashed[index] += len(piece)
+        while (waiting := ahead.pop(self._hashed[index], None)) is not None:
+            if isinstance(waiting, memoryview):
+                hasher.update(waiting)
+                self._held -= len(waiting)
+                self._hashed[index] += len(waiting)
+            else:
+                self._read_back(index, waiting)
+
+    def _read_back(self, index: int, length: int) -> None:
+        position, end = self._hashed[index], self._hashed[index] + length
+        while position < end:
+            data = os.pread(self.fds[index], min(READ_BYTES, end - position), position)
+            if not data:
+                raise SR3Error(f"restored {self.files[index].path} is shorter than written")
+            self._hashers[index].update(data)
+            position += len(data)
+        self._hashed[index] = end
+
+    def _check(self, index: int) -> None:
+        file = self.files[index]
+        if self._hashed[index] != file.blob.size or (
+            self._hashers[index].hexdigest() != file.blob.digest
+        ):
+            self._mismatched.append(file.path)
 
     def close(self) -> None:
         # A cancelled sink's thread may still be writing: never close an fd under it.
@@ -554,15 +610,21 @@ class _Writer:
             while self._writing:
                 self._lock.wait()
             fds, self.fds = self.fds, []
+            for index, file in enumerate(self.files):
+                if file.blob.size == 0 and not self._synced[index]:
+                    self._check(index)  # empty: no chunk ever completes it
         for index, fd in enumerate(fds):
             if not self._synced[index]:
                 os.fsync(fd)
             os.close(fd)
 
     def verify(self) -> None:
-        for file, path in zip(self.files, self.paths, strict=True):
-            if file_digest(path) != file.blob.digest:
-                raise SR3Error(f"restored {file.path} does not match its digest")
+        """After ``close``: every file whole and matching its digest."""
+        unwritten = [file.path for file, left in zip(self.files, self._left, strict=True) if left]
+        if unwritten:
+            raise SR3Error(f"restore left {len(unwritten)} file(s) incomplete: {unwritten[0]}")
+        if self._mismatched:
+            raise SR3Error(f"restored {self._mismatched[0]} does not match its digest")
         for directory in {path.parent for path in self.paths}:
             fsync_dir(directory)
 

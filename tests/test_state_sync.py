@@ -16,10 +16,14 @@ import random
 from pathlib import Path
 
 import pytest
+import xxhash
 from prometheus_client import REGISTRY
 
+import spark_connector.sync as sync_module
 from spark_connector.checkpoint import read_cut
-from spark_connector.sync import StateSync
+from spark_connector.manifest import ManifestFile
+from spark_connector.sync import StateSync, _Writer
+from sr3.blobs import BlobRef, Extent
 from sr3.errors import ConfigError, SR3Error
 from sr3.local import LocalCluster
 from tests.conftest import MakeCluster
@@ -137,3 +141,69 @@ def test_worker_pushes_the_newest_committed_batch_and_flush_waits_for_it(
         assert REGISTRY.get_sample_value("sr3_connector_pushed_batch", {"query": "worker"}) == 20
     finally:
         sync.close()
+
+
+# -------------------------------------------------------- the restore's file writer
+
+
+def _restore_files(
+    chunks: dict[str, bytes], layout: dict[str, list[tuple[str, int, int]]]
+) -> list[ManifestFile]:
+    """ManifestFiles whose extents are (chunk, offset, length) of ``chunks``."""
+    files = []
+    for path, extents in layout.items():
+        data = b"".join(
+            chunks[chunk][offset : offset + length] for chunk, offset, length in extents
+        )
+        blob = BlobRef(
+            len(data),
+            xxhash.xxh3_128_hexdigest(data),
+            tuple(Extent(chunk, offset, length) for chunk, offset, length in extents),
+        )
+        files.append(ManifestFile(path, blob))
+    return files
+
+
+@pytest.mark.parametrize("held_max", [64 * 1024 * 1024, 1500, 0])
+def test_restore_writer_checks_each_file_whatever_order_chunks_arrive_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_max: int
+) -> None:
+    """Pieces ahead of a gap are held in memory or, past the bound, read back."""
+    monkeypatch.setattr(sync_module, "AHEAD_BYTES_MAX", held_max)
+    rng = random.Random(5)
+    chunks = {f"c{index}": rng.randbytes(1000 + index) for index in range(8)}
+    layout = {
+        "state/0/0/1.delta": [("c0", 0, 1000), ("c1", 0, 1001), ("c2", 10, 500)],
+        "state/0/1/1.delta": [("c2", 0, 10), ("c3", 0, 1003), ("c4", 0, 1004)],
+        "offsets/1": [("c5", 0, 1005), ("c6", 0, 1006), ("c7", 0, 1007), ("c5", 0, 5)],
+        "commits/1": [],
+    }
+    files = _restore_files(chunks, layout)
+    for order in (sorted(chunks), sorted(chunks, reverse=True), rng.sample(sorted(chunks), 8)):
+        root = tmp_path / "-".join(order)
+        writer = _Writer(root, files)
+        for chunk_id in order:
+            writer._write(chunk_id, chunks[chunk_id])
+        writer._write(order[0], chunks[order[0]])  # a duplicate delivery counts once
+        writer.close()
+        writer.verify()
+        assert writer._held == 0
+        for file, extents in zip(files, layout.values(), strict=True):
+            expected = b"".join(chunks[c][o : o + n] for c, o, n in extents)
+            assert (root / file.path).read_bytes() == expected
+
+
+def test_restore_writer_refuses_a_file_that_does_not_match_its_digest(tmp_path: Path) -> None:
+    chunks = {"c0": b"a" * 100, "c1": b"b" * 100}
+    files = _restore_files(chunks, {"metadata": [("c0", 0, 100), ("c1", 0, 100)]})
+    writer = _Writer(tmp_path / "bad", files)
+    writer._write("c1", chunks["c1"])
+    writer._write("c0", b"x" * 100)  # not what the manifest's digest says
+    writer.close()
+    with pytest.raises(SR3Error, match="metadata does not match its digest"):
+        writer.verify()
+    partial = _Writer(tmp_path / "partial", files)
+    partial._write("c0", chunks["c0"])
+    partial.close()
+    with pytest.raises(SR3Error, match="incomplete: metadata"):
+        partial.verify()
