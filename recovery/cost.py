@@ -21,10 +21,10 @@ part of ``transfer_s``): ``fill_s(levels) = levels * rtt_s + (levels - 1) * unit
 min(peer_bytes_s, node_bytes_s)``.
 
 * **star**: ``streams = min(senders, connections_max)``;
-  ``throughput = min(requester_bytes_s, streams * peer_bytes_s, node_bytes_s)``. Every
-  chunk is one request and each stream has one request in flight, so
-  ``latency_s = (ceil(chunks / streams) + ceil(rerouted / streams)) * rtt_s``.
-  ``max_fan_in = streams``.
+  ``throughput = min(requester_bytes_s, streams * peer_bytes_s, node_bytes_s)``. Each
+  sender streams all of its chunks in answer to one request, ``streams`` senders at a
+  time, so ``latency_s = (ceil(senders / streams) + ceil(rerouted / streams)) * rtt_s``
+  (a rerouted chunk is fetched on its own). ``max_fan_in = streams``.
 * **line**: one chain over the senders; the last hop carries everything, so
   ``throughput = min(requester_bytes_s, peer_bytes_s, node_bytes_s)``. One request per
   hop, then the stream fills hop by hop: ``latency_s = fill_s(senders) + splices * rtt_s``.
@@ -48,8 +48,9 @@ star, "pipeline fill" for line and tree) or the link that sets the throughput
 ``choose`` takes the cheapest, except that when the cheapest plan is bound by the
 requester's link, among the topologies within ``tie_tolerance`` of it it prefers the
 smallest ``max_fan_in`` (gentler on the requester, and fan-in buys nothing through a
-narrow link), then the cheapest, then the simplest (star, line, tree: fewer peers
-relaying). When CPUs bound it, among those within ``tie_tolerance`` it takes the
+narrow link), then the cheapest, then the simplest (star, tree, line: fewer peers
+relaying; a line relays through every sender but its last, a tree through its inner
+nodes only). When CPUs bound it, among those within ``tie_tolerance`` it takes the
 simplest: every relay hop costs CPU the model does not count (and on hosts the relays
 share with the requester, that CPU is the requester's). When peers' egress bounds it, it
 takes the cheapest outright. Its ``reason`` is one sentence naming the
@@ -240,9 +241,10 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _star(workload: Workload, network: Network) -> _Terms:
-    streams = min(workload.holders, workload.chunks, network.connections_max)
+    senders = min(workload.holders, workload.chunks)
+    streams = min(senders, network.connections_max)
     rate, limiter, rate_label = _slowest(network, streams)
-    round_trips = _ceil_div(workload.chunks, streams)
+    round_trips = _ceil_div(senders, streams)
     round_trips += _ceil_div(_rerouted_chunks(workload), streams)
     label = f"{_plural(round_trips, 'round trip')} of {_format_s(network.rtt_s)}"
     latency_s = round_trips * network.rtt_s
@@ -355,7 +357,7 @@ def _win_reason(chosen: _Terms, others: Sequence[_Terms]) -> str:
     if tied:
         return (
             f"{chosen.topology} ties with {' and '.join(tied)} at {seconds} ({chosen.bottleneck}) "
-            "and is the simplest (ties go to star, then line, then tree: fewer relaying peers)"
+            "and is the simplest (ties go to star, then tree, then line: fewer relaying peers)"
         )
     runner_up, *slower = ranked
     rest = [f", {term.topology} {_format_s(term.seconds)} ({term.bottleneck})" for term in slower]
@@ -365,9 +367,13 @@ def _win_reason(chosen: _Terms, others: Sequence[_Terms]) -> str:
     )
 
 
+# Fewest relaying peers first: none, a tree's inner nodes, all of a line's senders but one.
+_BY_RELAYS = ("star", "tree", "line")
+
+
 def _simplicity(term: _Terms) -> int:
     """Last tie-break, independent of candidate order: fewer relaying peers first."""
-    return TOPOLOGIES.index(term.topology)
+    return _BY_RELAYS.index(term.topology)
 
 
 def _check_candidates(candidates: Sequence[str]) -> tuple[str, ...]:

@@ -78,32 +78,53 @@ def test_without_a_tie_tolerance_the_narrow_link_goes_to_the_strictly_cheapest()
     assert choose(workload, network, tie_tolerance=0.0).topology == "star"
 
 
-@pytest.mark.parametrize("peer_bytes_s", [None, 50 * MB_S])
+@pytest.mark.parametrize("peer_bytes_s", [None, 500 * MB_S])
 def test_many_holders_behind_a_connection_cap_go_tree(peer_bytes_s: float | None) -> None:
     workload = Workload(state_bytes=256 * MiB, chunks=4096, holders=64)
     network = Network(peer_bytes_s=peer_bytes_s, rtt_s=0.02, connections_max=4)
     choice = choose(workload, network)
     estimates = by_topology(choice)
     assert choice.topology == "tree", choice.reason
-    # star pays 4096 / 4 request round trips of 20 ms
-    assert estimates["star"].bottleneck == "round trips"
-    assert estimates["star"].seconds > 1024 * 0.02
-    # tree and line move bytes at the same rate: the fill depth (4 levels, 64 hops) decides
+    # star opens 64 streams, 4 at a time: 16 waves of a 20 ms round trip
+    assert estimates["star"].seconds - estimates["tree"].seconds > (16 - 4) * 0.02 - 0.01
+    # all three move bytes at the same (cpu) rate: the latency terms decide
     assert estimates["tree"].throughput_bytes_s == estimates["line"].throughput_bytes_s
+    assert estimates["star"].throughput_bytes_s == estimates["tree"].throughput_bytes_s
     assert estimates["line"].seconds - estimates["tree"].seconds > 60 * 0.02
     assert "latency decides" in choice.reason
     assert "pipeline fill over 4 levels" in choice.reason
-    assert "pipeline fill over 64 hops" in choice.reason
+    assert "16 round trips of 20.0 ms" in choice.reason
+
+
+def test_a_capped_star_in_front_of_slow_peers_beats_a_tree_whose_root_carries_everything() -> None:
+    """The cap limits the star to 4 streams, but 4 peers' egress still adds up; the
+    tree's root sends everything over one peer's link."""
+    workload = Workload(state_bytes=256 * MiB, chunks=4096, holders=64)
+    network = Network(peer_bytes_s=50 * MB_S, rtt_s=0.02, connections_max=4)
+    choice = choose(workload, network)
+    assert choice.topology == "star", choice.reason
+    assert by_topology(choice)["star"].throughput_bytes_s == 200 * MB_S
+
+
+def test_a_restore_on_one_host_goes_star_outright() -> None:
+    """Fast links everywhere (a checkpoint's restore with the ring on the same host):
+    every plan is CPU-bound and the star, one stream per holder, has the shortest
+    latency term too."""
+    workload = Workload(state_bytes=295 * MiB, chunks=70, holders=5, failed_peers=0)
+    choice = choose(workload, Network(rtt_s=0.0016))
+    assert choice.topology == "star", choice.reason
+    assert "star is cheapest" in choice.reason
 
 
 def test_cpu_bound_recovery_goes_to_the_plan_with_fewest_relays_within_the_tolerance() -> None:
-    """Fast links everywhere (the restore of a checkpoint on one host): every plan is
-    CPU-bound and the tree's shorter latency term wins on paper by a few percent, but
-    its relays cost CPU the estimate does not count. Star, and the reason says why."""
-    workload = Workload(state_bytes=295 * MiB, chunks=70, holders=5, failed_peers=0)
-    network = Network(rtt_s=0.0016)
+    """Every plan CPU-bound, and a connection cap makes the star open its streams in
+    waves: the tree's latency term wins on paper by about 1 %, but its relays cost CPU
+    the estimate does not count. Star, and the reason says why."""
+    workload = Workload(state_bytes=295 * MiB, chunks=4096, holders=12, failed_peers=0)
+    network = Network(rtt_s=0.005, connections_max=2)
     estimates = {e.topology: e for e in choose(workload, network).estimates}
     assert estimates["tree"].seconds < estimates["star"].seconds  # the model's own view
+    assert estimates["tree"].bottleneck == estimates["star"].bottleneck == "cpu"
     choice = choose(workload, network)
     assert choice.topology == "star", choice.reason
     assert "fewer relays" in choice.reason
@@ -132,7 +153,8 @@ def test_formulas_by_hand() -> None:
     transfer_slow_s = 256 * MiB / (50 * MB_S)
     hop_s = 4 * MiB / (50 * MB_S)
     star = estimate("star", workload, network)
-    assert star.seconds == pytest.approx(64 / 8 * 0.001 + 256 * MiB / (400 * MB_S))
+    # 8 senders, 8 streams: one wave of one round trip
+    assert star.seconds == pytest.approx(1 * 0.001 + 256 * MiB / (400 * MB_S))
     line = estimate("line", workload, network)
     assert line.seconds == pytest.approx(8 * 0.001 + 7 * hop_s + transfer_slow_s)
     assert (line.max_fan_in, line.bottleneck) == (1, "peer egress")
