@@ -53,7 +53,8 @@ __all__ = ["RecoveryResult", "Sink", "locate", "recover", "recover_blob"]
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[str, bytes], Awaitable[None]]
+# Raw chunk bytes: a view into the received frame when the chunk was stored uncompressed.
+Sink = Callable[[str, bytes | memoryview], Awaitable[None]]
 FAN_IN_DEFAULT = 4
 CONNECTIONS_MAX_DEFAULT = 8
 INGRESS_BURST_BYTES = 64 * 1024
@@ -232,7 +233,7 @@ class _Run:
         if self.ingress is not None:
             await self.ingress.acquire(amount)
 
-    async def _deliver(self, chunk_id: str, raw: bytes, stored_bytes: int) -> None:
+    async def _deliver(self, chunk_id: str, raw: bytes | memoryview, stored_bytes: int) -> None:
         if chunk_id in self.delivered:
             self.duplicate_frames += 1
             return
@@ -285,7 +286,7 @@ class _Run:
             self.duplicate_frames += 1
         else:
             try:
-                raw = await asyncio.to_thread(codec.decode, frame.payload, frame.chunk_id)
+                raw = await asyncio.to_thread(codec.decode_view, frame.payload, frame.chunk_id)
             except ChunkCorrupt as exc:
                 log.warning("recovery: chunk failed end-to-end verification: %s", exc)
                 return
@@ -341,7 +342,7 @@ async def recover_blob(
     fd = await asyncio.to_thread(_open_preallocated, tmp, ref.size)
     try:
 
-        async def sink(chunk_id: str, raw: bytes) -> None:
+        async def sink(chunk_id: str, raw: bytes | memoryview) -> None:
             await asyncio.to_thread(_write_extents, fd, raw, placements[chunk_id])
 
         result = await recover(
@@ -390,7 +391,7 @@ def _open_preallocated(path: Path, size: int) -> int:
     return fd
 
 
-def _write_extents(fd: int, raw: bytes, placements: Sequence[_Placement]) -> None:
+def _write_extents(fd: int, raw: bytes | memoryview, placements: Sequence[_Placement]) -> None:
     view = memoryview(raw)
     for blob_offset, chunk_offset, length in placements:
         if chunk_offset + length > len(raw):

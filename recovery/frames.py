@@ -142,7 +142,8 @@ class FrameParser:
         kind, chunk_id, length = self._header
         if len(self._buffer) < length:
             return None
-        payload = bytes(self._buffer[:length])
+        with memoryview(self._buffer) as view:  # one copy, not a slice and then a copy
+            payload = bytes(view[:length])
         del self._buffer[:length]
         self._header = None
         return Frame(kind, chunk_id, payload)

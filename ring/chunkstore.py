@@ -131,7 +131,7 @@ class ChunkStore:
             self._last_stored[chunk_id] = self._clock()
             return False
         # Checked before it is written: the full decode proves header, payload and address.
-        await asyncio.to_thread(codec.decode, stored, chunk_id)
+        await asyncio.to_thread(codec.decode_view, stored, chunk_id)
         if (
             self._capacity_bytes is not None
             and self._stored_bytes + len(stored) > self._capacity_bytes
@@ -177,7 +177,7 @@ class ChunkStore:
         stored = await self.get(chunk_id)
         if stored is None:
             return False
-        await self._check(chunk_id, stored, codec.decode)
+        await self._check(chunk_id, stored, codec.decode_view)
         return True
 
     async def _check(

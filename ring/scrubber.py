@@ -102,7 +102,7 @@ class Scrubber:
                     f"/v1/chunks/{chunk_id}",
                     body_bytes_max=codec.STORED_BYTES_MAX,
                 )
-                await asyncio.to_thread(codec.decode, answer.body, chunk_id)
+                await asyncio.to_thread(codec.decode_view, answer.body, chunk_id)
                 await self.chunks.put(chunk_id, answer.body)
             except SR3Error as exc:
                 log.info("scrubber: %s could not give %s: %s", member.peer_id, chunk_id, exc)

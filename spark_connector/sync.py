@@ -524,12 +524,12 @@ class _Writer:
                 )
                 offset += extent.length
 
-    async def sink(self, chunk_id: str, raw: bytes) -> None:
+    async def sink(self, chunk_id: str, raw: bytes | memoryview) -> None:
         # In a worker thread: the event loop keeps receiving while pages are written
         # (measured: a 294 MiB restore took 1.06 s writing on the loop, 0.68 s so).
         await asyncio.to_thread(self._write, chunk_id, raw)
 
-    def _write(self, chunk_id: str, raw: bytes) -> None:
+    def _write(self, chunk_id: str, raw: bytes | memoryview) -> None:
         with self._lock:
             if not self.fds:
                 return  # closed: a fetch that failed left this write behind
@@ -541,7 +541,7 @@ class _Writer:
                 self._writing -= 1
                 self._lock.notify_all()
 
-    def _write_placements(self, chunk_id: str, raw: bytes) -> None:
+    def _write_placements(self, chunk_id: str, raw: bytes | memoryview) -> None:
         view = memoryview(raw)
         placements = self.placements[chunk_id]
         for index, file_offset, chunk_offset, length in placements:

@@ -189,15 +189,23 @@ def decode(stored: bytes | memoryview, expected_id: str | None = None) -> bytes:
     Raises ``ChunkCorrupt`` unless the payload checksum, the decompressed length and the
     content address all match. A chunk that fails is never returned.
     """
+    raw = decode_view(stored, expected_id)
+    return raw if isinstance(raw, bytes) else bytes(raw)
+
+
+def decode_view(stored: bytes | memoryview, expected_id: str | None = None) -> bytes | memoryview:
+    """``decode`` without copying a raw (uncompressed) chunk: its bytes are returned as a
+    view into ``stored``. For a caller that only checks a chunk or writes it out."""
     header = verify_stored(stored, expected_id)
     payload = memoryview(stored)[HEADER_BYTES:]
+    raw: bytes | memoryview
     if header.codec == CODEC_ZSTD:
         try:
             raw = _decompressor().decompress(payload, max_output_size=header.raw_bytes)
         except zstandard.ZstdError as exc:
             raise ChunkCorrupt(f"chunk {header.chunk_id}: {exc}") from exc
     else:
-        raw = bytes(payload)
+        raw = payload
     if len(raw) != header.raw_bytes:
         raise ChunkCorrupt(f"chunk {header.chunk_id}: decompressed length mismatch")
     if xxhash.xxh3_128_hexdigest(raw) != header.chunk_id:

@@ -66,6 +66,16 @@ def test_incompressible_chunk_is_stored_raw() -> None:
     assert codec.decode(stored, chunk_id) == INCOMPRESSIBLE
 
 
+def test_decode_view_hands_out_a_raw_chunk_without_copying_it() -> None:
+    chunk_id, stored = codec.encode(INCOMPRESSIBLE)
+    raw = codec.decode_view(stored, chunk_id)
+    assert isinstance(raw, memoryview) and raw.obj is stored
+    assert raw == INCOMPRESSIBLE
+    packed_id, packed = codec.encode(COMPRESSIBLE)
+    assert codec.decode_view(packed, packed_id) == COMPRESSIBLE
+    assert isinstance(codec.decode(stored, chunk_id), bytes)
+
+
 def test_compression_can_be_switched_off() -> None:
     chunk_id, stored = codec.encode(COMPRESSIBLE, compress=False)
     assert codec.parse_header(stored).codec == codec.CODEC_RAW
@@ -148,6 +158,8 @@ def test_every_corruption_kind_raises_chunk_corrupt(kind: str) -> None:
     stored = CORRUPTIONS[kind]()
     with pytest.raises(ChunkCorrupt):
         codec.decode(stored)
+    with pytest.raises(ChunkCorrupt):
+        codec.decode_view(stored)
 
 
 def test_wrong_expected_id_is_corrupt() -> None:
@@ -170,6 +182,8 @@ def test_any_single_bit_flip_is_detected_by_decode(which: str, position: int, bi
     stored[position % len(stored)] ^= 1 << bit
     with pytest.raises(ChunkCorrupt):
         codec.decode(bytes(stored))
+    with pytest.raises(ChunkCorrupt):
+        codec.decode_view(bytes(stored))
 
 
 @pytest.mark.parametrize("position", range(codec.HEADER_BYTES))
