@@ -118,6 +118,8 @@ class Settings:
     restart_rows: int = 10_000
     restarts: int = 3
     settle_s: float = 2.0
+    # Where the peers keep their data (default: beside the checkpoints, on one disk).
+    peer_root: str = ""
     restart: bool = True  # --no-restart: parts 1 and 2 only
 
 
@@ -979,10 +981,15 @@ def run(settings: Settings, out: Path, log: Callable[[str], None]) -> None:
     load_average = os.getloadavg()[0]
     if load_average > 1.0:
         log(f"warning: load average {load_average:.2f} before the run; figures will be noisy")
-    with tempfile.TemporaryDirectory(prefix="sr3-bench-connector-") as temporary:
+    with (
+        tempfile.TemporaryDirectory(prefix="sr3-bench-connector-") as temporary,
+        tempfile.TemporaryDirectory(
+            prefix="sr3-bench-peers-", dir=settings.peer_root or None
+        ) as peer_home,
+    ):
         work = Path(temporary)
         cluster = LocalCluster.create(
-            work / "cluster", settings.peers, replication=REPLICATION,
+            Path(peer_home) / "cluster", settings.peers, replication=REPLICATION,
             write_quorum=WRITE_QUORUM, base_port=BASE_PORT, cluster_file=work / "cluster.json",
         )  # fmt: skip
         spark = None
