@@ -109,17 +109,29 @@ def write_input(directory: Path, index: int) -> None:
     temporary.rename(directory / f"input-{index:03d}.json")
 
 
+def aggregation(spark: Any, input_dir: Path) -> Any:
+    """dropDuplicates (operator 1) then a windowed count with a 30 s watermark
+    (operator 0), over the files of ``write_input``."""
+    from pyspark.sql import functions
+
+    return (
+        spark.readStream.schema("key STRING, ts TIMESTAMP")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(input_dir))
+        .withWatermark("ts", "30 seconds")
+        .dropDuplicates(["key", "ts"])
+        .groupBy(functions.window("ts", "1 minute"), "key")
+        .count()
+    )
+
+
 def run_query(spark: Any, input_dir: Path, checkpoint_dir: Path, provider: str) -> Output:
     """Process every input file present (one batch each, plus no-data batches) and stop.
 
     Returns the rows each batch emitted, by batch id: (window start, key, count).
     """
-    from pyspark.sql import functions
-    from pyspark.sql.types import StringType, StructField, StructType, TimestampType
-
     for key, value in PROVIDERS[provider].items():
         spark.conf.set(key, value)
-    schema = StructType([StructField("key", StringType()), StructField("ts", TimestampType())])
     output: Output = {}
 
     def collect(batch: Any, batch_id: int) -> None:
@@ -128,15 +140,7 @@ def run_query(spark: Any, input_dir: Path, checkpoint_dir: Path, provider: str) 
             for row in batch.collect()
         )
 
-    counts = (
-        spark.readStream.schema(schema)
-        .option("maxFilesPerTrigger", 1)
-        .json(str(input_dir))
-        .withWatermark("ts", "30 seconds")
-        .dropDuplicates(["key", "ts"])
-        .groupBy(functions.window("ts", "1 minute"), "key")
-        .count()
-    )
+    counts = aggregation(spark, input_dir)
     query = (
         counts.writeStream.outputMode("append")
         .foreachBatch(collect)

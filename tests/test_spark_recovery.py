@@ -112,17 +112,9 @@ def aggregation_input(root: Path, index: int) -> None:
 def aggregation(spark: Any, root: Path) -> Any:
     """The query of spark_fixtures.run_query: dropDuplicates (operator 1) then a windowed
     count with a 30 s watermark (operator 0)."""
-    from pyspark.sql import functions
+    from spark_fixtures import aggregation as query
 
-    return (
-        spark.readStream.schema("key STRING, ts TIMESTAMP")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(root))
-        .withWatermark("ts", "30 seconds")
-        .dropDuplicates(["key", "ts"])
-        .groupBy(functions.window("ts", "1 minute"), "key")
-        .count()
-    )
+    return query(spark, root)
 
 
 def join_input(root: Path, index: int) -> None:
