@@ -51,13 +51,10 @@ class _JavaEvents:
 
 class _CommitListener(StreamingQueryListener):
     """Registered with ``spark.streams.addListener`` like any listener; Spark calls
-    ``_JavaEvents`` directly (the methods below are what PySpark's bridge would call,
-    kept for a caller that hands this listener converted events)."""
+    ``_JavaEvents`` directly, never the (abstract, so defined) methods below."""
 
     def __init__(self, query_id: str, committed: Callable[[int], None]) -> None:
         self._events = _JavaEvents(query_id, committed)
-        self._query_id = query_id
-        self._committed = committed
 
     @property
     def _jlistener(self) -> Any:
@@ -74,9 +71,7 @@ class _CommitListener(StreamingQueryListener):
         return None
 
     def onQueryProgress(self, event: Any) -> None:
-        progress = event.progress
-        if str(progress.id) == self._query_id:
-            self._committed(int(progress.batchId))
+        return None
 
     def onQueryIdle(self, event: Any) -> None:
         return None
