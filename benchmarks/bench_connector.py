@@ -110,13 +110,13 @@ class Settings:
     rows_per_batch: int = 20_000
     keys: int = 50_000
     warmup_batches: int = 20
-    blocks: int = 4
+    blocks: int = 8
     block_batches: int = 10
     upload_batches: int = 10
     state_mib: int = 256
     build_rows: int = 300_000
     restart_rows: int = 10_000
-    restarts: int = 3
+    restarts: int = 5
     settle_s: float = 2.0
     # Where the peers keep their data (default: beside the checkpoints, on one disk).
     peer_root: str = ""
