@@ -4,8 +4,8 @@ A pure core works on a directory *listing* (``FileEntry`` values), never on the 
 system, so it can be tested on any history and called on a listing taken while Spark keeps
 writing and its maintenance keeps deleting. Thin edges walk a directory
 (``list_checkpoint``), read the SST lists of RocksDB snapshot zips
-(``read_sst_references``) and the number of state partitions from the offset log
-(``read_state_partitions``); ``read_cut`` strings them together.
+(``read_sst_references``) and the number of state partitions and the file sources' log
+ends from the offset log (``read_offsets``); ``read_cut`` strings them together.
 
 Layout (observed on Spark 4.3.0, default checkpoint format version 1)::
 
@@ -79,7 +79,6 @@ __all__ = [
     "list_checkpoint",
     "read_cut",
     "read_sst_references",
-    "read_state_partitions",
     "snapshot_zips",
 ]
 
@@ -166,7 +165,7 @@ def cut_for_batch(
     ``snapshot_zips``) to the SST/log files its metadata names (paths relative to the
     checkpoint root, sizes as recorded by Spark). Without it, every SST and log file of the
     store is taken. ``state_partitions`` (``spark.sql.shuffle.partitions`` of the offset
-    log, see ``read_state_partitions``) lets the cut notice that the highest partitions are
+    log, see ``read_offsets``) lets the cut notice that the highest partitions are
     gone altogether; without it only holes below the highest partition are noticed.
     ``source_log_ends`` maps a file source's index to the ``logOffset`` that
     ``offsets/<batch_id>`` records for it (see ``read_offsets``): entries the source logged
@@ -539,15 +538,11 @@ def _parse_zip_metadata(zip_path: str, store_dir: str, text: str) -> tuple[FileE
     return tuple(files)
 
 
-def read_state_partitions(root: Path, batch_id: int) -> int | None:
-    """``spark.sql.shuffle.partitions`` recorded in ``offsets/<batch_id>``: Spark pins the
-    number of state partitions to it for the life of the checkpoint. None if absent."""
-    return read_offsets(root, batch_id)[0]
-
-
 def read_offsets(root: Path, batch_id: int) -> tuple[int | None, dict[int, int]]:
-    """From ``offsets/<batch_id>``: the state partitions (as ``read_state_partitions``)
-    and, per file source (offset ``{"logOffset": N}``), its source log's end."""
+    """From ``offsets/<batch_id>``: the state partitions (``spark.sql.shuffle.partitions``
+    of its conf: Spark pins the number of state partitions to it for the life of the
+    checkpoint; None if absent) and, per file source (offset ``{"logOffset": N}``), its
+    source log's end."""
     path = root / "offsets" / str(batch_id)
     try:
         with path.open("rb") as file:

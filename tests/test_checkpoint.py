@@ -30,8 +30,8 @@ from spark_connector.checkpoint import (
     cut_for_batch,
     list_checkpoint,
     read_cut,
+    read_offsets,
     read_sst_references,
-    read_state_partitions,
     snapshot_zips,
 )
 
@@ -393,17 +393,17 @@ def test_a_store_declared_by_its_schema_file_must_have_state() -> None:
         cut_for_batch(default, 0)
 
 
-def test_read_state_partitions_reads_the_offset_log_conf(tmp_path: Path) -> None:
+def test_read_offsets_reads_the_state_partitions_from_the_conf(tmp_path: Path) -> None:
     conf = {"batchWatermarkMs": 0, "conf": {"spark.sql.shuffle.partitions": "2"}}
     write_file(tmp_path, "offsets/4", f'v1\n{json.dumps(conf)}\n{{"logOffset":4}}'.encode())
     write_file(tmp_path, "offsets/5", b"v1\n{}\n")
     write_file(tmp_path, "offsets/6", b"v1\n{not json")
-    assert read_state_partitions(tmp_path, 4) == 2
-    assert read_state_partitions(tmp_path, 5) is None
+    assert read_offsets(tmp_path, 4)[0] == 2
+    assert read_offsets(tmp_path, 5)[0] is None
     with pytest.raises(CheckpointError, match="offsets/6"):
-        read_state_partitions(tmp_path, 6)
+        read_offsets(tmp_path, 6)
     with pytest.raises(CheckpointError, match="offsets/7"):
-        read_state_partitions(tmp_path, 7)
+        read_offsets(tmp_path, 7)
 
 
 def test_files_of_both_providers_in_one_store_raise() -> None:
