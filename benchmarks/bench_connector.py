@@ -121,6 +121,9 @@ class Settings:
     # Where the peers keep their data (default: beside the checkpoints, on one disk).
     peer_root: str = ""
     restart: bool = True  # --no-restart: parts 1 and 2 only
+    overhead: bool = True  # --no-overhead: the restart part only
+    # The recovery topology of the restarts from the ring (star, line, tree or auto).
+    restore_topology: str = "auto"
 
 
 QUICK = Settings(
@@ -789,7 +792,7 @@ def restart_trial(
     restore_s = 0.0
     try:
         if path == "ring":
-            restored = restorer.restore(topology="auto")
+            restored = restorer.restore(topology=bench.settings.restore_topology)
             restore_s = time.perf_counter() - started
             if restored != batch_id:
                 raise RuntimeError(f"the ring restored batch {restored}, not {batch_id}")
@@ -798,8 +801,11 @@ def restart_trial(
     restored_bytes = tree_bytes(target)
     wall_s, batch = run_first_batch(bench, input_dir, target, batch_id + 1)
     total_s = time.perf_counter() - started
+    recovery = restorer.last_restore.recovery if restorer.last_restore is not None else None
     return {
         "path": path,
+        "topology": recovery.topology if recovery is not None else None,
+        "topology_reason": recovery.reason if recovery is not None else None,
         "total_s": round(total_s, 3),
         "restore_s": round(restore_s, 3),
         "first_batch_s": round(wall_s, 3),
@@ -841,6 +847,7 @@ def measure_restart(bench: Bench) -> dict[str, Any]:
                 f"  restart {trial + 1}/{settings.restarts} {path:>5}: "
                 f"{figures['total_s']:.2f} s (restore {figures['restore_s']:.2f} s, "
                 f"first batch {figures['first_batch_s']:.2f} s)"
+                + (f" {figures['topology']}" if figures["topology"] else "")
             )
     return restart_summary(build, trials)
 
@@ -964,7 +971,7 @@ def write_report(report: dict[str, Any], out: Path) -> None:
 def measure(bench: Bench) -> dict[str, Any]:
     overhead: dict[str, Any] = {}
     upload: dict[str, Any] = {}
-    for provider in bench.settings.providers:
+    for provider in bench.settings.providers if bench.settings.overhead else ():
         bench.log(f"overhead and upload, {provider} provider")
         overhead[provider] = measure_overhead(bench, provider)
         upload[f"overhead-{provider}"] = overhead[provider]["upload"]

@@ -4,8 +4,8 @@ A manifest lists every file of a batch's consistent cut (``spark_connector.check
 with its size, xxh3-128 digest and extents (the chunks that hold it). It is written only
 after every chunk it names is on its write quorum, as record
 ``spark/<query>/batches/<batch id, 12 digits>``, and carries those chunks as the record's
-refs; then the pointer ``spark/<query>/latest`` moves to it (compare-and-set, never
-backwards). Pure values and JSON, no I/O.
+refs. The newest batch of a query is the highest such key listed (a manifest is
+complete when it exists). Pure values and JSON, no I/O.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ __all__ = [
     "Manifest",
     "ManifestFile",
     "check_query_name",
-    "latest_key",
     "manifest_key",
     "manifests_prefix",
 ]
@@ -46,10 +45,6 @@ def manifests_prefix(query: str) -> str:
 
 def manifest_key(query: str, batch_id: int) -> str:
     return f"{manifests_prefix(query)}{batch_id:012d}"
-
-
-def latest_key(query: str) -> str:
-    return f"spark/{check_query_name(query)}/latest"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,18 @@
 ``StateSync.push(batch)`` cuts the checkpoint directory at a committed batch
 (``spark_connector.checkpoint``), uploads the files the ring does not hold yet (files of
 a checkpoint are written once, so a file seen before with the same size and mtime is
-not read again), writes the manifest (after every chunk it names is on its write
-quorum) and moves the ``latest`` pointer. ``StateSync.restore()`` fetches the newest
-manifest's chunks along a recovery topology into an empty directory, verifies every file
-against its digest, and renames the directory into place.
+not read again), and writes the manifest after every chunk it names is on its write
+quorum. The newest batch on the ring is the highest manifest listed: a manifest is
+complete when it exists, so no pointer is kept. ``StateSync.restore()`` fetches the
+newest manifest's chunks along a recovery topology into an empty directory, verifies
+every file against its digest, and renames the directory into place.
+
+Reusing chunks across pushes is safe while the manifest that last referenced them
+lives: once it is deleted (``sr3 spark forget`` from elsewhere), the peers collect its
+chunks ``grace_s`` (``--gc-grace``, default 3600 s) after they notice. So a pusher
+reuses what it pushed without asking the ring for ``recheck_s`` (default 60 s) after
+its last manifest write; past that, it first reads that manifest back, and uploads
+everything again if it is gone. ``recheck_s`` must stay well below the peers' grace.
 
 ``StateSync.register(query)`` pushes off the query's path: a ``StreamingQueryListener``
 (its progress event comes after ``commits/N`` is written) notes the newest committed
@@ -55,15 +63,14 @@ from spark_connector.manifest import (
     Manifest,
     ManifestFile,
     check_query_name,
-    latest_key,
     manifest_key,
     manifests_prefix,
 )
 from sr3.blobs import BlobRef
-from sr3.client import ClientOptions, RecordValue, file_source
+from sr3.client import ClientOptions, file_source
 from sr3.codec import compact_json
 from sr3.config import resolve
-from sr3.errors import ConfigError, ProtocolError, RecordConflict, SR3Error
+from sr3.errors import ConfigError, RecordConflict, SR3Error
 from sr3.files import READ_BYTES, fsync_dir
 from sr3.sync import SyncClient
 
@@ -84,6 +91,12 @@ LAG_BATCHES_WARN_DEFAULT = 3
 PUSH_RETRY_S_MAX = 30.0
 PUSH_FAILURES_MAX = 8
 KEEP_BATCHES_DEFAULT = 3
+# A pusher reuses the chunks of its last manifest without reading it back for this long
+# (well below the peers' GC grace, default 3600 s).
+RECHECK_S_DEFAULT = 60.0
+# A restore lists the ring again when the newest manifest vanished (retention) before
+# it was read, at most this many times.
+LIST_ATTEMPTS_MAX = 3
 
 LAG_GAUGE = Gauge(
     "sr3_connector_lag_batches", "Committed batches not yet pushed to the ring.", ["query"]
@@ -126,11 +139,15 @@ class StateSync:
         client_options: ClientOptions | None = None,
         lag_batches_warn: int = LAG_BATCHES_WARN_DEFAULT,
         keep_batches: int = KEEP_BATCHES_DEFAULT,
+        recheck_s: float = RECHECK_S_DEFAULT,
     ) -> None:
         self.query = check_query_name(query)
         if keep_batches < 1:
             raise ConfigError("keep_batches must be at least 1 (the newest batch is kept)")
         self.keep_batches = keep_batches
+        if recheck_s < 0:
+            raise ConfigError("recheck_s must be 0 or more")
+        self.recheck_s = recheck_s
         if not str(checkpoint_dir):
             raise ConfigError("a checkpoint directory is required")
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
@@ -138,6 +155,10 @@ class StateSync:
         self._client = SyncClient(settings.ring, settings.secret, options=client_options)
         # path -> (size, mtime_ns, blob) of files already on the ring
         self._known: dict[str, tuple[int, int, BlobRef]] = {}
+        # The manifest that references the chunks of _known, as (batch id, version), and
+        # when (monotonic) it was last known to live: written or read back.
+        self._referencing: tuple[int, int] | None = None
+        self._referenced_at = 0.0
         # RocksDB zips of the last cut and the SST lists read from them (read_cut)
         self._zips: dict[str, tuple[FileEntry, tuple[FileEntry, ...]]] = {}
         self.lag_batches_warn = lag_batches_warn
@@ -281,10 +302,9 @@ class StateSync:
 
     def _push_once(self, batch_id: int | None) -> PushReport:
         cut = read_cut(self.checkpoint_dir, batch_id, self._zips)
-        pointer = self._client.get_record(latest_key(self.query), include_deleted=True)
-        if self._known and (pointer is None or pointer.deleted):
-            # The query was forgotten on the ring (`sr3 spark forget --keep 0`): the chunks
-            # of files pushed before are no longer referenced and may be collected.
+        if self._known and not self._still_referenced():
+            # The manifest that referenced the files pushed before was deleted (`sr3
+            # spark forget`): their chunks may be collected, so they are uploaded again.
             self._known.clear()
         files: dict[str, BlobRef] = {}
         fresh: list[tuple[str, int, int]] = []
@@ -306,12 +326,13 @@ class StateSync:
             self.query, cut.batch_id, cut.state_version, str(self.checkpoint_dir),
             tuple(ManifestFile(path, files[path]) for path in sorted(files)),
         )  # fmt: skip
+        writing_at = time.monotonic()
         version = self._write_manifest(manifest)
         # Remembered only once a manifest references them (chunks no record references
         # are collected after the peers' grace), and only this cut's files: checkpoint
         # files are written once, so no older file can be in the next cut.
         self._known = known
-        self._move_latest(cut.batch_id, pointer)
+        self._referencing, self._referenced_at = (cut.batch_id, version), writing_at
         try:
             self._retain(cut.batch_id, version)
         except SR3Error as exc:  # the batch is safe; older ones go on the next push
@@ -319,6 +340,26 @@ class StateSync:
         return PushReport(
             cut.batch_id, len(files), manifest.size, sum(size for _, size, _ in fresh), version
         )
+
+    def _still_referenced(self) -> bool:
+        """Whether the manifest that references the chunks of ``_known`` still lives
+        (read back once ``recheck_s`` has passed since it was last known to)."""
+        if self._referencing is None:
+            return False
+        checked_at = time.monotonic()
+        if checked_at - self._referenced_at < self.recheck_s:
+            return True
+        batch_id, version = self._referencing
+        record = self._client.get_record(manifest_key(self.query, batch_id), include_deleted=True)
+        if record is None or record.deleted or record.version != version:
+            log.info(
+                "sr3 manifest %d of query %s was deleted or replaced: uploading every file "
+                "of the next cut again", batch_id, self.query,
+            )  # fmt: skip
+            self._referencing = None
+            return False
+        self._referenced_at = checked_at
+        return True
 
     def _retain(self, batch_id: int, version: int) -> None:
         """Delete manifests older than the newest ``keep_batches``. The ring is listed
@@ -342,27 +383,13 @@ class StateSync:
         except RecordConflict as exc:  # pushed before (a retry, or after a restore)
             return self._client.put_record(key, value, expected_version=exc.current, refs=refs)
 
-    def _move_latest(self, batch_id: int, current: RecordValue | None) -> None:
-        """Point ``latest`` at ``batch_id`` unless it names a newer batch; ``current`` is
-        the pointer as read before the push (re-read if another writer moved it since)."""
-        key = latest_key(self.query)
-        value = compact_json({"batch_id": batch_id})
-        for _attempt in range(PUSH_ATTEMPTS_MAX):
-            if current is not None and not current.deleted and _pointer(current.value) >= batch_id:
-                return
-            try:
-                self._client.put_record(
-                    key, value, expected_version=current.version if current else 0
-                )
-                return
-            except RecordConflict:
-                current = self._client.get_record(key, include_deleted=True)
-        raise SR3Error(f"the latest pointer of query {self.query} kept moving under this push")
-
     def forget(self, keep: int) -> list[int]:
-        """Delete all but the newest ``keep`` batches of this query (0: all of them,
-        and the latest pointer); the batch ids deleted."""
+        """Delete all but the newest ``keep`` batches of this query (0: all of them);
+        the batch ids deleted."""
         self._ring_batches = None
+        if keep == 0:
+            self._known.clear()
+            self._referencing = None
         return forget(self._client, self.query, keep)
 
     def batches(self) -> list[int]:
@@ -372,13 +399,30 @@ class StateSync:
     # -- restore ------------------------------------------------------------------------
 
     def latest_batch(self) -> int | None:
+        """The newest batch of this query on the ring, or None."""
         return latest_batch(self._client, self.query)
 
     def manifest(self, batch_id: int) -> Manifest:
-        record = self._client.get_record(manifest_key(self.query, batch_id))
-        if record is None:
+        manifest = self._read_manifest(batch_id)
+        if manifest is None:
             raise SR3Error(f"query {self.query!r} has no manifest for batch {batch_id}")
-        return Manifest.from_json(json.loads(record.value))
+        return manifest
+
+    def _read_manifest(self, batch_id: int) -> Manifest | None:
+        record = self._client.get_record(manifest_key(self.query, batch_id))
+        return None if record is None else Manifest.from_json(json.loads(record.value))
+
+    def _newest_manifest(self) -> Manifest | None:
+        """The newest manifest of this query, or None when the ring has none (listed
+        again when retention deletes the newest listed before it is read)."""
+        for _attempt in range(LIST_ATTEMPTS_MAX):
+            batch_id = self.latest_batch()
+            if batch_id is None:
+                return None
+            manifest = self._read_manifest(batch_id)
+            if manifest is not None:
+                return manifest
+        raise SR3Error(f"the newest manifest of query {self.query} kept vanishing (retention)")
 
     def restore(
         self,
@@ -389,10 +433,10 @@ class StateSync:
     ) -> int | None:
         """Restore the newest (or the given) batch into the checkpoint directory; the
         batch id, or None when the ring has no batch of this query."""
-        batch_id = self.latest_batch() if batch_id is None else batch_id
-        if batch_id is None:
+        manifest = self._newest_manifest() if batch_id is None else self.manifest(batch_id)
+        if manifest is None:
             return None
-        manifest = self.manifest(batch_id)
+        batch_id = manifest.batch_id
         target = self.checkpoint_dir
         if target.exists() and any(target.iterdir()) and not overwrite:
             raise ConfigError(f"{target} is not empty (pass overwrite=True to replace it)")
@@ -423,9 +467,9 @@ class StateSync:
 
 
 def latest_batch(client: SyncClient, query: str) -> int | None:
-    """The batch the query's latest pointer names, or None."""
-    record = client.get_record(latest_key(query))
-    return None if record is None else _pointer(record.value)
+    """The newest batch of ``query`` on the ring, or None."""
+    batches = ring_queries(client, query).get(query, [])
+    return batches[-1] if batches else None
 
 
 def ring_queries(client: SyncClient, query: str | None = None) -> dict[str, list[int]]:
@@ -440,15 +484,13 @@ def ring_queries(client: SyncClient, query: str | None = None) -> dict[str, list
 
 
 def forget(client: SyncClient, query: str, keep: int) -> list[int]:
-    """Delete the manifests of ``query`` but the newest ``keep``; with ``keep`` 0 the
-    latest pointer too. The batch ids deleted, oldest first. Chunks no manifest
-    references any more are collected by the peers after their grace period."""
+    """Delete the manifests of ``query`` but the newest ``keep``. The batch ids deleted,
+    oldest first. Chunks no manifest references any more are collected by the peers
+    after their grace period."""
     if keep < 0:
         raise ConfigError("keep must be 0 or more")
     batches = ring_queries(client, query).get(query, [])
     doomed = batches[: max(0, len(batches) - keep)]
-    if keep == 0:
-        _delete(client, latest_key(query))
     for batch_id in doomed:
         _delete(client, manifest_key(query, batch_id))
     return doomed
@@ -466,13 +508,6 @@ def _delete(client: SyncClient, key: str, version: int = 0) -> None:
     current = client.get_record(key, include_deleted=True)
     if current is not None and not current.deleted:
         client.delete_record(key, expected_version=current.version)
-
-
-def _pointer(value: bytes) -> int:
-    try:
-        return int(json.loads(value)["batch_id"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ProtocolError(f"malformed latest pointer: {exc!r}") from exc
 
 
 def _topology(name: str) -> Topology | Literal["auto"]:

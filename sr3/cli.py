@@ -536,15 +536,14 @@ def spark_list(
     query: str | None, as_json: bool, ring: str | None, secret_file: Path | None
 ) -> None:
     """Queries with state on the ring and the batches kept for each."""
-    from spark_connector.sync import latest_batch, ring_queries
+    from spark_connector.sync import ring_queries
 
     settings = _settings(ring, secret_file)
     with SyncClient(settings.ring, settings.secret) as client:
         queries = ring_queries(client, query)
-        latest = {name: latest_batch(client, name) for name in queries}
     if as_json:
         entries = [
-            {"query": name, "batches": batches, "latest": latest[name]}
+            {"query": name, "batches": batches, "latest": batches[-1]}
             for name, batches in queries.items()
         ]
         click.echo(json.dumps({"queries": entries}, indent=2))
@@ -554,7 +553,7 @@ def spark_list(
         return
     for name, batches in queries.items():
         shown = ", ".join(str(batch) for batch in batches)
-        click.echo(f"{name}  latest {latest[name]}  batches {shown}")
+        click.echo(f"{name}  latest {batches[-1]}  batches {shown}")
 
 
 @spark.command("restore")

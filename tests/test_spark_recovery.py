@@ -38,8 +38,8 @@ from support import chunk_holders
 
 from spark_connector.checkpoint import committed_batches, list_checkpoint, read_cut
 from spark_connector.listener import make_listener
-from spark_connector.manifest import Manifest, latest_key, manifests_prefix
-from spark_connector.sync import StateSync
+from spark_connector.manifest import Manifest, manifests_prefix
+from spark_connector.sync import StateSync, latest_batch
 from sr3.blobs import BlobRef
 from sr3.client import ClientOptions, Source
 from sr3.local import LocalCluster
@@ -591,9 +591,12 @@ class CrashingSyncClient(SyncClient):
         self, key: str, value: bytes, *, expected_version: int, refs: Sequence[str] = ()
     ) -> int:
         manifest = key.startswith(manifests_prefix(CRASH_QUERY))
-        if (self.point, manifest) in (("writing-manifest", True), ("moving-latest", False)):
+        if manifest and self.point == "writing-manifest":
             os.kill(os.getpid(), signal.SIGKILL)
-        return super().put_record(key, value, expected_version=expected_version, refs=refs)
+        version = super().put_record(key, value, expected_version=expected_version, refs=refs)
+        if manifest and self.point == "manifest-written":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return version
 
 
 def push_and_crash(argv: Sequence[str]) -> None:
@@ -632,8 +635,8 @@ def crash_pusher(cluster: LocalCluster, checkpoint: Path, point: str, reads: int
 
 
 def manifests_on_ring(cluster: LocalCluster, query: str) -> tuple[dict[int, Manifest], int | None]:
-    """Every manifest of ``query`` on the ring, and the batch ``latest`` names; checks
-    that each named chunk is on a write quorum of peers' disks and reads back."""
+    """Every manifest of ``query`` on the ring, and the newest batch a client finds;
+    checks that each named chunk is on a write quorum of peers' disks and reads back."""
     quorum = cluster.cluster.write_quorum
     with SyncClient(cluster.ring, cluster.secret) as client:
         manifests: dict[int, Manifest] = {}
@@ -647,9 +650,8 @@ def manifests_on_ring(cluster: LocalCluster, query: str) -> tuple[dict[int, Mani
                 assert len(holders) >= quorum, f"{key} names {chunk_id}, held by {holders}"
                 client.run(client.client.fetch_chunk(chunk_id))
             manifests[manifest.batch_id] = manifest
-        latest = client.get_record(latest_key(query))
-    latest_batch = None if latest is None else int(json.loads(latest.value)["batch_id"])
-    return manifests, latest_batch
+        newest = latest_batch(client, query)
+    return manifests, newest
 
 
 @pytest.mark.timeout(240)
@@ -658,10 +660,10 @@ def test_killing_the_pusher_never_leaves_a_manifest_naming_missing_chunks(
 ) -> None:
     """Batch A is on the ring; the process pushing the newer batch B is SIGKILLed while
     reading chunks (a point chosen by ``rng``, up to 8 uploads in flight), then just
-    before writing B's manifest, then just before moving ``latest``. After each crash
-    every manifest names only chunks on a write quorum that read back, and ``latest``
-    names A, whose manifest is there. A complete push of B then moves ``latest`` to B and
-    B restores to the state Spark reads in the original checkpoint."""
+    before writing B's manifest: after each crash every manifest names only chunks on a
+    write quorum that read back, and the newest batch a restore finds is A. Killed just
+    after writing B's manifest, B is the newest, whole; pushed again, B restores to the
+    state Spark reads in the original checkpoint."""
     cluster = make_cluster(5)
     inputs, checkpoint = tmp_path / "in", (tmp_path / "original").resolve()
     for index in range(FIRST_RUN_FILES):
@@ -684,9 +686,9 @@ def test_killing_the_pusher_never_leaves_a_manifest_naming_missing_chunks(
     manifests, latest = manifests_on_ring(cluster, CRASH_QUERY)
     assert latest == batch_a and batch_a in manifests and batch_b not in manifests
 
-    crash_pusher(cluster, checkpoint, "moving-latest")
+    crash_pusher(cluster, checkpoint, "manifest-written")
     manifests, latest = manifests_on_ring(cluster, CRASH_QUERY)
-    assert latest == batch_a and batch_a in manifests and batch_b in manifests
+    assert latest == batch_b and batch_a in manifests and batch_b in manifests
 
     assert push_newest(cluster, CRASH_QUERY, checkpoint) == batch_b
     manifests, latest = manifests_on_ring(cluster, CRASH_QUERY)

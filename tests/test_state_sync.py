@@ -26,6 +26,7 @@ from spark_connector.sync import StateSync, _Writer
 from sr3.blobs import BlobRef, Extent
 from sr3.errors import ConfigError, SR3Error
 from sr3.local import LocalCluster
+from sr3.sync import SyncClient
 from tests.conftest import MakeCluster
 
 SPARK_CONF = {"spark.sql.shuffle.partitions": "2"}
@@ -106,6 +107,37 @@ def test_push_uploads_only_new_files_and_restore_returns_the_cut(
         assert unknown.restore() is None
     finally:
         unknown.close()
+
+
+def test_a_pusher_uploads_everything_again_once_its_manifest_is_forgotten_elsewhere(
+    make_cluster: MakeCluster, tmp_path: Path, rng: random.Random
+) -> None:
+    """Chunks of the last manifest are reused without asking the ring within
+    ``recheck_s``; past it, the pusher reads that manifest back, and when `sr3 spark
+    forget` (another client) deleted it, uploads every file again: its chunks may be
+    collected by now."""
+    cluster: LocalCluster = make_cluster(3)
+    source = tmp_path / "ckpt"
+    materialize(source, rng)
+    trusting = StateSync(cluster.ring, "trusting", source, cluster.secret, recheck_s=3600.0)
+    checking = StateSync(cluster.ring, "checking", source, cluster.secret, recheck_s=0.0)
+    try:
+        for sync in (trusting, checking):
+            first = sync.push()
+            assert sync.push().bytes_read == 0, "unchanged files were uploaded again"
+            with SyncClient(cluster.ring, cluster.secret) as other:
+                assert sync_module.forget(other, sync.query, 0) == [first.batch_id]
+            assert sync.latest_batch() is None
+        # Within recheck_s the forget goes unseen (the peers' grace covers it) ...
+        assert trusting.push().bytes_read == 0
+        # ... past it, the pusher finds its manifest gone and uploads the whole cut.
+        again = checking.push()
+        assert again.bytes_read == again.bytes_total == first.bytes_total
+        assert checking.push().bytes_read == 0, "the manifest written again lives"
+        assert checking.latest_batch() == first.batch_id
+    finally:
+        trusting.close()
+        checking.close()
 
 
 def test_worker_pushes_the_newest_committed_batch_and_flush_waits_for_it(
