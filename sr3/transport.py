@@ -35,11 +35,31 @@ JSON_BYTES_MAX = 16 * 1024 * 1024
 # Bodies above aiohttp's TOO_LARGE_BYTES_BODY (1 MiB) are streamed in slices.
 STREAM_BODY_BYTES_MIN = 1024 * 1024
 SAMPLES_MAX = 256
+# Addresses whose requests in flight are tracked (for the download samples); idle ones
+# are dropped past this many.
+ADDRESSES_TRACKED_MAX = 1024
 TRANSFER_SAMPLE_BYTES_MIN = 256 * 1024
 ROUND_TRIP_SAMPLE_BYTES_MAX = 16 * 1024
 BODY_SLICE_BYTES = 256 * 1024
 # The error answer of a stream request is read whole; it is a short JSON document.
 ERROR_BYTES_MAX = 64 * 1024
+
+
+class _InFlight:
+    """Requests in flight to one address, and their integral over time: the mean number
+    in flight over any interval is the integral's growth over the interval's length."""
+
+    __slots__ = ("count", "integral", "since")
+
+    def __init__(self, now: float) -> None:
+        self.count = 0
+        self.integral = 0.0
+        self.since = now
+
+    def advance(self, now: float) -> float:
+        self.integral += self.count * (now - self.since)
+        self.since = now
+        return self.integral
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +157,12 @@ class Transport:
         self._timeouts = timeouts
         self._connections_per_peer_max = connections_per_peer_max
         self._session: aiohttp.ClientSession | None = None
-        # Recent answers, for cost models: (bytes, seconds) of large ones, seconds of small.
+        # Recent answers, for cost models: (bytes, seconds) of large downloads, with the
+        # seconds divided by the mean number of requests in flight to the same address
+        # (they shared its egress); seconds of small requests.
         self._transfers: deque[tuple[int, float]] = deque(maxlen=SAMPLES_MAX)
         self._round_trips: deque[float] = deque(maxlen=SAMPLES_MAX)
+        self._in_flight: dict[str, _InFlight] = {}
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -184,26 +207,47 @@ class Transport:
         # aiohttp sends a large bytes body in one write and warns (ResourceWarning) that
         # it may stall the loop; a large body is streamed in slices instead.
         data = _SlicedBody(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
+        in_flight = self._track(address)
         started = time.perf_counter()
+        integral_at_start = in_flight.advance(started)
+        in_flight.count += 1
         try:
             async with self._open().request(method, url, data=data, headers=headers) as answer:
                 payload = await _read_bounded(answer, body_bytes_max, address)
                 response = Response(answer.status, answer.headers, payload)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise PeerUnavailable(address, f"{method} {path_qs[:60]}: {exc!r}") from exc
+        finally:
+            ended = time.perf_counter()
+            shared = in_flight.advance(ended) - integral_at_start
+            in_flight.count -= 1
         if response.status not in ok:
             raise _rejection(address, response)
-        self._sample(len(payload) + len(body or b""), time.perf_counter() - started)
+        self._sample(len(payload), len(body or b""), ended - started, shared)
         return response
 
-    def _sample(self, size_bytes: int, seconds: float) -> None:
-        if size_bytes >= TRANSFER_SAMPLE_BYTES_MIN:
-            self._transfers.append((size_bytes, seconds))
-        elif size_bytes <= ROUND_TRIP_SAMPLE_BYTES_MAX:
+    def _track(self, address: str) -> _InFlight:
+        in_flight = self._in_flight.get(address)
+        if in_flight is None:
+            if len(self._in_flight) >= ADDRESSES_TRACKED_MAX:
+                self._in_flight = {a: f for a, f in self._in_flight.items() if f.count}
+            in_flight = self._in_flight[address] = _InFlight(time.perf_counter())
+        return in_flight
+
+    def _sample(self, answer_bytes: int, body_bytes: int, seconds: float, shared: float) -> None:
+        """``shared``: the integral of requests in flight to the address over this one
+        (``seconds`` when it was alone). Only downloads are bandwidth samples: they are
+        what a recovery asks of a peer's egress; uploads say nothing of it."""
+        if answer_bytes >= TRANSFER_SAMPLE_BYTES_MIN and body_bytes < answer_bytes:
+            alone_s = seconds * seconds / shared if shared > seconds > 0 else seconds
+            self._transfers.append((answer_bytes, alone_s))
+        elif answer_bytes + body_bytes <= ROUND_TRIP_SAMPLE_BYTES_MAX:
             self._round_trips.append(seconds)
 
     def transfers(self) -> list[tuple[int, float]]:
-        """``(bytes, seconds)`` of recent large requests (at most ``SAMPLES_MAX``)."""
+        """``(bytes, seconds)`` of recent large downloads, each as if it had had its
+        peer to itself: its seconds divided by the mean number of requests in flight to
+        that peer meanwhile (at most ``SAMPLES_MAX``)."""
         return list(self._transfers)
 
     def round_trips(self) -> list[float]:

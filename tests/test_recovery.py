@@ -24,6 +24,7 @@ from conftest import SEED, MakeCluster, start_cluster
 from support import HttpProbe, chunk_holders
 
 from recovery import frames
+from recovery.auto import measured
 from recovery.cost import Network
 from recovery.executor import locate, recover, recover_blob
 from recovery.frames import Frame, FrameParser
@@ -418,14 +419,20 @@ async def test_auto_lets_the_cost_model_choose_from_the_given_or_measured_networ
     ring6: LocalCluster, tmp_path: Path, rng: random.Random
 ) -> None:
     """Holds: "auto" recovers byte-identical state with the topology the cost model
-    names, says why, and picks line or tree when told the requester's link is narrow."""
+    names, says why, and picks line or tree when told the requester's link is narrow.
+    Uploads say nothing of the peers' egress; chunk downloads are what it is measured
+    from."""
     async with Client(ring6.ring, ring6.secret, options=OPTIONS) as client:
         ref, data = await store_state(client, tmp_path, rng)
+        assert client.transport.transfers() == [], "uploads were taken for peer egress"
+        assert measured(client).peer_bytes_s is None
         out = tmp_path / "auto.bin"
         measured_run = await recover_blob(client, ref, out, "auto")
         assert out.read_bytes() == data
         assert measured_run.topology in TOPOLOGIES and measured_run.reason
+        await asyncio.gather(*(client.fetch_chunk(c) for c in unique_chunks(ref)[:4]))
         assert client.transport.transfers(), "chunk reads were not sampled"
+        assert measured(client).peer_bytes_s is not None
         narrow = Network(requester_bytes_s=5e6, rtt_s=0.0005)
         narrow_run = await recover(
             client, unique_chunks(ref), "auto", _discard, network=narrow, fan_in=TREE_FAN_IN

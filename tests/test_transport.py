@@ -1,0 +1,85 @@
+"""What the transport samples for the recovery cost model (``Transport.transfers``).
+
+A plain aiohttp server on 127.0.0.1 stands in for a peer: what is under test is the
+client's accounting, not a peer. It answers downloads of ``BODY_BYTES`` only once
+``CONCURRENT`` of them have arrived, so they overlap.
+
+What must hold: an upload is never a bandwidth sample (it says nothing of a peer's
+egress); downloads that shared one peer are each timed as if alone, so that together
+they account for about the time they took, not ``CONCURRENT`` times as much.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from sr3.transport import TRANSFER_SAMPLE_BYTES_MIN, Transport
+
+BODY_BYTES = 1024 * 1024
+CONCURRENT = 6
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[str]:
+    arrived = 0
+    everyone = asyncio.Event()
+
+    async def download(_request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        if arrived >= CONCURRENT:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), timeout=10.0)
+        return web.Response(body=bytes(BODY_BYTES))
+
+    async def upload(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"ok": True})
+
+    app = web.Application(client_max_size=4 * BODY_BYTES)
+    app.router.add_get("/download", download)
+    app.router.add_post("/upload", upload)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_uploads_are_not_bandwidth_samples(peer: str) -> None:
+    transport = Transport("a-secret-for-the-test")
+    try:
+        await transport.request(peer, "POST", "/upload", body=bytes(BODY_BYTES))
+        assert BODY_BYTES >= TRANSFER_SAMPLE_BYTES_MIN
+        assert transport.transfers() == []
+    finally:
+        await transport.close()
+
+
+async def test_downloads_sharing_a_peer_are_each_timed_as_if_alone(peer: str) -> None:
+    transport = Transport("a-secret-for-the-test")
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(
+            *(transport.request(peer, "GET", "/download") for _ in range(CONCURRENT))
+        )
+        elapsed = time.perf_counter() - started
+        samples = transport.transfers()
+    finally:
+        await transport.close()
+    assert [size for size, _ in samples] == [BODY_BYTES] * CONCURRENT
+    # Timed as they were, each would span nearly all of `elapsed` (they overlap from
+    # the first answer to the last): together CONCURRENT times it. As if alone, each is
+    # its share, and together they come to about the time taken (a little more where
+    # they did not start together).
+    assert sum(seconds for _, seconds in samples) <= elapsed * 1.2
+    assert all(seconds > 0 for _, seconds in samples)
