@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,8 +158,8 @@ class Transport:
         self._connections_per_peer_max = connections_per_peer_max
         self._session: aiohttp.ClientSession | None = None
         # Recent answers, for cost models: (bytes, seconds) of large downloads, with the
-        # seconds divided by the mean number of requests in flight to the same address
-        # (they shared its egress); seconds of small requests.
+        # seconds divided by the mean number of requests and streams in flight to the
+        # same address (they shared its egress); seconds of small requests.
         self._transfers: deque[tuple[int, float]] = deque(maxlen=SAMPLES_MAX)
         self._round_trips: deque[float] = deque(maxlen=SAMPLES_MAX)
         self._in_flight: dict[str, _InFlight] = {}
@@ -207,32 +207,37 @@ class Transport:
         # aiohttp sends a large bytes body in one write and warns (ResourceWarning) that
         # it may stall the loop; a large body is streamed in slices instead.
         data = _SlicedBody(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
-        in_flight = self._track(address)
-        started = time.perf_counter()
-        integral_at_start = in_flight.advance(started)
-        in_flight.count += 1
-        try:
-            async with self._open().request(method, url, data=data, headers=headers) as answer:
-                payload = await _read_bounded(answer, body_bytes_max, address)
-                response = Response(answer.status, answer.headers, payload)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise PeerUnavailable(address, f"{method} {path_qs[:60]}: {exc!r}") from exc
-        finally:
+        with self._counted(address) as in_flight:
+            started = time.perf_counter()
+            integral_at_start = in_flight.advance(started)
+            try:
+                async with self._open().request(method, url, data=data, headers=headers) as answer:
+                    payload = await _read_bounded(answer, body_bytes_max, address)
+                    response = Response(answer.status, answer.headers, payload)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise PeerUnavailable(address, f"{method} {path_qs[:60]}: {exc!r}") from exc
             ended = time.perf_counter()
             shared = in_flight.advance(ended) - integral_at_start
-            in_flight.count -= 1
         if response.status not in ok:
             raise _rejection(address, response)
         self._sample(len(payload), len(body or b""), ended - started, shared)
         return response
 
-    def _track(self, address: str) -> _InFlight:
+    @contextmanager
+    def _counted(self, address: str) -> Iterator[_InFlight]:
+        """Count a request (or stream) as in flight to ``address`` while in the block."""
         in_flight = self._in_flight.get(address)
         if in_flight is None:
             if len(self._in_flight) >= ADDRESSES_TRACKED_MAX:
                 self._in_flight = {a: f for a, f in self._in_flight.items() if f.count}
             in_flight = self._in_flight[address] = _InFlight(time.perf_counter())
-        return in_flight
+        in_flight.advance(time.perf_counter())
+        in_flight.count += 1
+        try:
+            yield in_flight
+        finally:
+            in_flight.advance(time.perf_counter())
+            in_flight.count -= 1
 
     def _sample(self, answer_bytes: int, body_bytes: int, seconds: float, shared: float) -> None:
         """``shared``: the integral of requests in flight to the address over this one
@@ -275,16 +280,17 @@ class Transport:
         headers = self._signer.headers(method, path_qs, body, target=address)
         url = URL(f"http://{address}{path_qs}", encoded=True)
         data = _SlicedBody(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
-        try:
-            answer = await self._open().request(method, url, data=data, headers=headers)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise PeerUnavailable(address, f"{what}: {exc!r}") from exc
-        try:
-            if answer.status not in ok:
-                raise _rejection(address, await _read_error(answer, address, what))
-            yield BodyStream(answer, address, what)
-        finally:
-            answer.close()
+        with self._counted(address):  # it shares the peer's egress with downloads
+            try:
+                answer = await self._open().request(method, url, data=data, headers=headers)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise PeerUnavailable(address, f"{what}: {exc!r}") from exc
+            try:
+                if answer.status not in ok:
+                    raise _rejection(address, await _read_error(answer, address, what))
+                yield BodyStream(answer, address, what)
+            finally:
+                answer.close()
 
 
 async def _read_bounded(answer: aiohttp.ClientResponse, limit: int, address: str) -> bytes:

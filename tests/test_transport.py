@@ -6,7 +6,8 @@ client's accounting, not a peer. It answers downloads of ``BODY_BYTES`` only onc
 
 What must hold: an upload is never a bandwidth sample (it says nothing of a peer's
 egress); downloads that shared one peer are each timed as if alone, so that together
-they account for about the time they took, not ``CONCURRENT`` times as much.
+they account for about the time they took, not ``CONCURRENT`` times as much; an open
+stream from the same peer counts as sharing it too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sr3.transport import TRANSFER_SAMPLE_BYTES_MIN, Transport
 
 BODY_BYTES = 1024 * 1024
 CONCURRENT = 6
+STREAM_HELD_S = 1.0
 
 
 @pytest.fixture
@@ -37,12 +39,24 @@ async def peer() -> AsyncIterator[str]:
         await asyncio.wait_for(everyone.wait(), timeout=10.0)
         return web.Response(body=bytes(BODY_BYTES))
 
+    async def one(_request: web.Request) -> web.Response:
+        return web.Response(body=bytes(BODY_BYTES))
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        answer = web.StreamResponse()
+        await answer.prepare(request)
+        await asyncio.sleep(STREAM_HELD_S)
+        await answer.write(b"end")
+        return answer
+
     async def upload(request: web.Request) -> web.Response:
         await request.read()
         return web.json_response({"ok": True})
 
     app = web.Application(client_max_size=4 * BODY_BYTES)
     app.router.add_get("/download", download)
+    app.router.add_get("/one", one)
+    app.router.add_get("/slow", slow)
     app.router.add_post("/upload", upload)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -83,3 +97,19 @@ async def test_downloads_sharing_a_peer_are_each_timed_as_if_alone(peer: str) ->
     # they did not start together).
     assert sum(seconds for _, seconds in samples) <= elapsed * 1.2
     assert all(seconds > 0 for _, seconds in samples)
+
+
+async def test_a_download_beside_an_open_stream_shares_the_peer(peer: str) -> None:
+    transport = Transport("a-secret-for-the-test")
+    try:
+        async with transport.stream(peer, "GET", "/slow") as pieces:
+            started = time.perf_counter()
+            await transport.request(peer, "GET", "/one")
+            elapsed = time.perf_counter() - started
+            assert [piece async for piece in pieces] == [b"end"]
+        samples = transport.transfers()
+    finally:
+        await transport.close()
+    # Two in flight to the peer throughout the download: timed as if alone, it is half.
+    assert len(samples) == 1 and samples[0][0] == BODY_BYTES
+    assert samples[0][1] <= elapsed * 0.6
