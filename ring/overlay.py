@@ -355,8 +355,9 @@ class _RoutingTable(RoutingTable):  # type: ignore[misc]
             self.split_bucket(index)
             self.add_contact(node)
             return
-        # Upstream ensure_future()s this ping. A head that does not answer is removed by
-        # handle_call_response, and a replacement node takes its place.
+        # The ping runs as a tracked task (spawn: bounded, awaited on close). A head that
+        # does not answer is removed by handle_call_response, and a replacement takes
+        # its place.
         self.protocol.spawn(self.protocol.call_ping, bucket.head())
 
 
