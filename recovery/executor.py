@@ -89,14 +89,18 @@ async def locate(client: Client, chunk_ids: Sequence[str]) -> list[ChunkSpec]:
     """Each chunk's live holders (in the ring's preference order) and stored size.
 
     Every peer the member table does not show down is asked, in batches; a peer that
-    cannot be reached (or answers nonsense) is skipped. A chunk nobody holds gets no
-    holders."""
+    cannot be reached (or answers nonsense) is skipped. When some chunk has no holder,
+    the members a wider table adds (``Client.wider_ring``) are asked too; a chunk nobody
+    holds then gets no holders."""
     ids = list(dict.fromkeys(chunk_ids))
     view = await client.ring()
-    members = [m for m in view.ring.members if view.states.get(m.peer_id) != "down"]
-    async with asyncio.TaskGroup() as group:
-        tasks = {m.peer_id: group.create_task(_held_by(client, m, ids)) for m in members}
-    held = {peer_id: task.result() for peer_id, task in tasks.items()}
+    held = await _held_by_members(client, view.ring.members, view.states, ids)
+    if any(all(chunk_id not in chunks for chunks in held.values()) for chunk_id in ids):
+        wider = await client.wider_ring(view)
+        if wider is not None:
+            added = [m for m in wider.ring.members if m.peer_id not in held]
+            held |= await _held_by_members(client, added, wider.states, ids)
+            view = wider
     specs: list[ChunkSpec] = []
     for chunk_id in ids:
         order = view.ring.candidates(chunk_id, view.replication)
@@ -104,6 +108,17 @@ async def locate(client: Client, chunk_ids: Sequence[str]) -> list[ChunkSpec]:
         sizes = [held[holder][chunk_id] for holder in holders]
         specs.append(ChunkSpec(chunk_id, max(sizes, default=0), holders))
     return specs
+
+
+async def _held_by_members(
+    client: Client, members: Sequence[Member], states: Mapping[str, str], ids: Sequence[str]
+) -> dict[str, dict[str, int]]:
+    """Per member not shown down, what it holds of ``ids``; unreachable peers hold nothing
+    (members shown down are left out)."""
+    asked = [member for member in members if states.get(member.peer_id) != "down"]
+    async with asyncio.TaskGroup() as group:
+        tasks = {m.peer_id: group.create_task(_held_by(client, m, ids)) for m in asked}
+    return {peer_id: task.result() for peer_id, task in tasks.items()}
 
 
 async def _held_by(client: Client, member: Member, ids: Sequence[str]) -> dict[str, int]:

@@ -44,6 +44,10 @@ def decode_table(data: Any) -> list[Entry]:
     return [Entry.from_json(item) for item in members]
 
 
+def _ids(entries: Collection[Entry]) -> set[str]:
+    return {entry.peer_id for entry in entries}
+
+
 class Gossiper:
     def __init__(
         self,
@@ -65,9 +69,9 @@ class Gossiper:
         self.interval_s = interval_s
         self.fanout = fanout
         self.rounds = 0
-        # Set once this peer has exchanged tables with someone (or found nobody to ask
-        # within ``ready_after_s``): until then its view of the ring may be partial, so it
-        # does not serve the ring to clients nor run repair on it.
+        # Set once an exchange found this peer's table and its partner's naming the same
+        # members (or after ``ready_after_s`` without that): until then its view of the
+        # ring may be partial, so it does not serve the ring to clients nor repair on it.
         self.ready = asyncio.Event()
         self.ready_after_s = ready_after_s
         self.on_change: Callable[[], Awaitable[None]] | None = None
@@ -92,14 +96,19 @@ class Gossiper:
                     body=compact_json(encode_table(self.table)),
                     any_target=True,
                 )
-            changed = self.table.merge(decode_table(answer.json()))
+            theirs = decode_table(answer.json())
+            changed = self.table.merge(theirs)
         except (SR3Error, TimeoutError) as exc:
             log.debug("gossip with %s failed: %s", address, exc)
             return False
         if changed:
             log.info("member table: learned %s from %s", ", ".join(changed), address)
             self._changed = True
-        self.ready.set()
+        elif _ids(theirs) == _ids(self.table.entries()):
+            # Ready once a partner's table and ours name the same members, not after the
+            # first answer: a joining peer's first partner may itself know only part of
+            # the ring, and a client handed that part places and looks for data wrongly.
+            self.ready.set()
         return True
 
     def targets(self, busy: Collection[str] = ()) -> list[str]:
@@ -145,7 +154,10 @@ class Gossiper:
                 if not self.ready.is_set():
                     waited = asyncio.get_running_loop().time() - started
                     if not self.targets() or waited >= self.ready_after_s:
-                        log.info("gossip: nobody answered yet; serving with the table we have")
+                        log.info(
+                            "gossip: no partner agreed on the members within %.0f s; "
+                            "serving with the table we have", self.ready_after_s,
+                        )  # fmt: skip
                         self.ready.set()
                 await asyncio.sleep(self.interval_s)
 

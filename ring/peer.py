@@ -219,7 +219,10 @@ class Peer:
 
     async def health(self, request: web.Request) -> web.Response:
         ready = self.node.gossiper.ready.is_set()
-        return web.json_response({"status": "ok", "peer_id": self.config.peer_id, "ready": ready})
+        members = len(self.node.table.placement())
+        return web.json_response(
+            {"status": "ok", "peer_id": self.config.peer_id, "ready": ready, "members": members}
+        )
 
     async def info(self, request: web.Request) -> web.Response:
         node = self.node

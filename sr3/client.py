@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections import deque
@@ -68,10 +69,16 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
 Progress = Callable[[int], None]
 BLOB_KEY_PREFIX = "blob/"
 TRANSFERS_MAX_DEFAULT = 8
 STATUS_TIMEOUT_S = 3.0
+# Widening the member table after a miss (``Client.wider_ring``): at most once per
+# interval, at most this many peers asked at once, each within STATUS_TIMEOUT_S.
+WIDEN_INTERVAL_S = 1.0
+WIDEN_CONCURRENCY = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +170,22 @@ def parse_seeds(ring: str | Sequence[str]) -> tuple[str, ...]:
     return cleaned
 
 
+def _union(views: Sequence[_RingView], fetched_at: float) -> _RingView:
+    """One view naming every member any of ``views`` names; a member is up if any view
+    has it up. Replication, quorum and vnodes are the first view's."""
+    members: dict[str, Member] = {}
+    states: dict[str, str] = {}
+    for view in views:
+        for member in view.ring.members:
+            members.setdefault(member.peer_id, member)
+            state = view.states.get(member.peer_id, "up")
+            if states.get(member.peer_id) != "up":
+                states[member.peer_id] = state
+    first = views[0]
+    ring = Ring.build(members.values(), vnodes=first.ring.vnodes, zone_aware=first.ring.zone_aware)
+    return _RingView(ring, first.replication, first.write_quorum, states, fetched_at)
+
+
 def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:
     """The first leaf of an exception group, so callers see one sr3 error."""
     error: BaseException = group
@@ -192,6 +215,8 @@ class Client:
         self._transport = Transport(secret, timeouts=options.timeouts)
         self._view: _RingView | None = None
         self._down_until: dict[str, float] = {}
+        self._widening = asyncio.Lock()
+        self._widened_at = float("-inf")
 
     async def __aenter__(self) -> Client:
         return self
@@ -234,6 +259,46 @@ class Client:
             except PeerError as exc:
                 causes.append(str(exc))
         raise PeerUnavailable(",".join(self.seeds), "no peer answered: " + "; ".join(causes))
+
+    async def wider_ring(self, seen: _RingView) -> _RingView | None:
+        """After data was on no member of ``seen``: the union of the member tables that
+        the seeds and every member of ``seen`` serve, if it names members ``seen`` lacks.
+
+        One peer's table can be partial (a peer that joined moments ago has not heard of
+        every member yet), and a read that walks only those members misses data that sits
+        on the others. The union becomes this client's view. Widening asks every peer, so
+        it runs at most once per ``WIDEN_INTERVAL_S``; calls in between get its result."""
+        async with self._widening:
+            if self._clock() - self._widened_at >= WIDEN_INTERVAL_S:
+                addresses = [*self.seeds, *(member.address for member in seen.ring.members)]
+                views = await self._ring_answers(list(dict.fromkeys(addresses)))
+                self._widened_at = self._clock()
+                if views:
+                    self._view = _union(views, self._clock())
+            view = self._view
+        if view is None:
+            return None
+        known = {member.peer_id for member in seen.ring.members}
+        return view if any(m.peer_id not in known for m in view.ring.members) else None
+
+    async def _ring_answers(self, addresses: Sequence[str]) -> list[_RingView]:
+        slots = asyncio.Semaphore(WIDEN_CONCURRENCY)
+
+        async def ask(address: str) -> _RingView | None:
+            async with slots:
+                try:
+                    async with asyncio.timeout(STATUS_TIMEOUT_S):
+                        answer = await self._transport.request(
+                            address, "GET", "/v1/ring", any_target=True
+                        )
+                    return self._parse_ring(answer.json())
+                except (PeerError, ProtocolError, TimeoutError) as exc:
+                    log.info("widening the member table: %s did not answer: %s", address, exc)
+                    return None
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(ask(address)) for address in addresses]
+        return [view for task in tasks if (view := task.result()) is not None]
 
     def _parse_ring(self, answer: Any) -> _RingView:
         try:
@@ -352,13 +417,29 @@ class Client:
             raise PeerRejected(member.address, 200, "chunk_corrupt", str(exc)) from exc
 
     async def fetch_chunk(self, chunk_id: str) -> bytes:
-        """A chunk's raw bytes, verified; from the first replica in the walk that has it."""
+        """A chunk's raw bytes, verified; from the first replica in the walk that has it.
+
+        When no member of the view has it, the members a wider view adds are tried too
+        (``wider_ring``): the view may have come from a peer that knows part of the ring."""
         view = await self.ring()
+
+        def fetch(member: Member, _hint: Member | None) -> Awaitable[bytes]:
+            return self._get_chunk_from(member, chunk_id)
+
         answers, causes = await self._fan_out(
-            view.ring.candidates(chunk_id, view.replication),
-            1,
-            lambda member, _hint: self._get_chunk_from(member, chunk_id),
+            view.ring.candidates(chunk_id, view.replication), 1, fetch
         )
+        if not answers:
+            wider = await self.wider_ring(view)
+            if wider is not None:
+                asked = {member.peer_id for member in view.ring.members}
+                others = [
+                    member
+                    for member in wider.ring.candidates(chunk_id, wider.replication)
+                    if member.peer_id not in asked
+                ]
+                answers, more = await self._fan_out(others, 1, fetch)
+                causes += more
         if not answers:
             raise DataUnavailable([chunk_id], causes)
         return answers[0][1]
@@ -491,11 +572,29 @@ class Client:
         A deleted record reads as None, unless ``include_deleted``: then its tombstone
         (``deleted=True``) comes back, whose version a compare-and-set write expects."""
         view = await self.ring()
+
+        def read(member: Member, hint: Member | None) -> Awaitable[RecordValue | None]:
+            return self._get_record_from(member, key, hint)
+
         answers, causes = await self._fan_out(
-            view.ring.candidates(key, view.replication),
-            view.replication,
-            lambda member, hint: self._get_record_from(member, key, hint),
+            view.ring.candidates(key, view.replication), view.replication, read
         )
+        if len(answers) < view.replication and all(value is None for _m, value in answers):
+            # Fewer than R peers of the view could answer and none had it: the view may
+            # be a part of the ring (``wider_ring``); ask the members a wider one adds.
+            wider = await self.wider_ring(view)
+            if wider is not None:
+                asked = {member.peer_id for member in view.ring.members}
+                others = [
+                    member
+                    for member in wider.ring.candidates(key, wider.replication)
+                    if member.peer_id not in asked
+                ]
+                more, more_causes = await self._fan_out(
+                    others, min(wider.replication - len(answers), len(others)), read
+                )
+                answers += more
+                causes += more_causes
         if not answers:
             raise DataUnavailable([key], causes)
         newest = _newest([value for _member, value in answers if value is not None])

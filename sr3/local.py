@@ -78,13 +78,17 @@ def pick_port(hosts: Sequence[str], base_port: int) -> int:
     raise ConfigError(f"no free port in {base_port}..{base_port + PORT_TRIES_MAX} on {hosts[0]}..")
 
 
-def _healthy(address: str) -> bool:
-    """True once the peer answers and has learned the member table (it is ready)."""
+def _healthy(address: str, members: int | None = None) -> bool:
+    """True once the peer answers and has learned the member table (it is ready), and,
+    given ``members``, once its table places that many members."""
     try:
         with urllib.request.urlopen(f"http://{address}/v1/health", timeout=0.5) as answer:
-            return bool(answer.status == 200 and json.loads(answer.read()).get("ready"))
+            health = json.loads(answer.read())
     except (urllib.error.URLError, OSError, ValueError):
         return False
+    if not isinstance(health, dict) or not health.get("ready"):
+        return False
+    return members is None or health.get("members") == members
 
 
 def _is_peer_process(pid: int) -> bool:
@@ -212,13 +216,23 @@ class LocalCluster:
             self._processes[peer.peer_id] = process
             self._set_pid(peer.peer_id, process.pid)
         if wait:
-            self.wait_healthy([peer.peer_id for peer in targets])
+            # Starting the whole cluster: up means every peer places every member, so
+            # that no client is handed the partial table of a peer still joining.
+            members = len(self.cluster.peers) if peer_id is None else None
+            self.wait_healthy([peer.peer_id for peer in targets], members=members)
 
-    def wait_healthy(self, peer_ids: Sequence[str], timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+    def wait_healthy(
+        self,
+        peer_ids: Sequence[str],
+        timeout_s: float = HEALTH_TIMEOUT_S,
+        *,
+        members: int | None = None,
+    ) -> None:
+        """Wait until these peers are ready (and, given ``members``, place that many)."""
         deadline = time.monotonic() + timeout_s
         waiting = [self.peer(peer_id) for peer_id in peer_ids]
         while waiting:
-            waiting = [peer for peer in waiting if not _healthy(peer.address)]
+            waiting = [peer for peer in waiting if not _healthy(peer.address, members)]
             for peer in waiting:
                 process = self._processes.get(peer.peer_id)
                 if process is not None and process.poll() is not None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from support import chunk_holders
+from aiohttp import web
+from support import HttpProbe, chunk_holders, peer_address
 
+from recovery.executor import recover_blob
 from sr3.blobs import BlobRef
 from sr3.client import Client, ClientOptions
 from sr3.errors import DataUnavailable, NotFound, QuorumError
@@ -170,3 +173,76 @@ async def test_sync_client_inside_a_running_event_loop(
     client.close()  # closing twice is harmless
     with pytest.raises(RuntimeError, match="closed"):
         client.put_blob(b"after close")
+
+
+@pytest.fixture
+async def partial_seed(ring: LocalCluster) -> AsyncIterator[tuple[str, list[str]]]:
+    """A seed that serves the ring's member table without two of its members, the way a
+    peer that joined moments ago can (it has not heard of them yet). It answers only
+    ``GET /v1/ring``: the table peer-3 serves, less peer-4 and peer-5. Yields its address
+    and the member ids it names."""
+    async with HttpProbe(ring.secret) as probe:
+        full = (await probe.signed(peer_address(ring, "peer-3"), "GET", "/v1/ring")).json()
+    assert len(full["members"]) == 5
+    partial = {**full, "members": [m for m in full["members"] if m["peer_id"] <= "peer-3"]}
+
+    async def ring_table(_request: web.Request) -> web.Response:
+        return web.json_response(partial)
+
+    app = web.Application()
+    app.router.add_get("/v1/ring", ring_table)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"127.0.0.1:{runner.addresses[0][1]}", [m["peer_id"] for m in partial["members"]]
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("how", ["get_blob", "recover_blob", "get_record"])
+async def test_read_through_a_seed_with_a_partial_member_table_reaches_the_other_members(
+    ring: LocalCluster,
+    partial_seed: tuple[str, list[str]],
+    rng: random.Random,
+    tmp_path: Path,
+    how: str,
+) -> None:
+    """Breaks: a client's first seed serves a member table without peer-4 and peer-5
+    (a peer still joining), and peer-1 and peer-2 are SIGKILLed, so chunks whose
+    replicas are peer-1/2/4/5 are on no member that table names. Must hold: the read
+    (chunk by chunk, and along a star recovery) widens its table from the other peers it
+    can reach and returns the blob byte-identical, instead of DataUnavailable; a record
+    held by none of the named members reads back too, instead of as absent."""
+    seed, named = partial_seed
+    data = rng.randbytes(24 * 64 * 1024 + 99)
+    records = {f"partial-view/{how}/{index}": rng.randbytes(40) for index in range(16)}
+    async with Client(ring.ring, ring.secret, options=SMALL_CHUNKS) as client:
+        ref = await client.put_blob(data)
+        for key, value in records.items():
+            await client.put_record(key, value, expected_version=0)
+        full = (await client.ring()).ring
+    off_peer3 = [
+        key for key in records if all(m.peer_id != "peer-3" for m in full.preference_list(key, 3))
+    ]
+    assert off_peer3, "some record must sit on peer-1/2/4/5 only for the test to mean anything"
+    chunk_ids = list(dict.fromkeys(extent.chunk_id for extent in ref.extents))
+    beyond = [c for c in chunk_ids if not set(chunk_holders(ring, c)) & {"peer-3"}]
+    assert beyond, "some chunk must sit on peer-1/2/4/5 only for the test to mean anything"
+    await _kill(ring, ["peer-1", "peer-2"])
+
+    seeds = [seed, *(peer_address(ring, peer_id) for peer_id in named)]
+    async with Client(seeds, ring.secret, options=SMALL_CHUNKS) as client:
+        assert {m.peer_id for m in (await client.ring()).ring.members} == set(named)
+        if how == "get_blob":
+            assert await client.get_blob(ref) == data
+        elif how == "get_record":
+            for key, value in records.items():
+                record = await client.get_record(key)
+                assert record is not None and record.value == value, key
+        else:
+            out = tmp_path / "recovered.bin"
+            await recover_blob(client, ref, out, "star")
+            assert out.read_bytes() == data
+        widened = {m.peer_id for m in (await client.ring()).ring.members}
+    assert widened == {f"peer-{index}" for index in range(1, 6)}

@@ -76,7 +76,12 @@ async def test_health_needs_no_credentials(ring: LocalCluster) -> None:
         for peer in ring.cluster.peers:
             answer = await probe.send(peer.address, "GET", "/v1/health")
             assert answer.status == 200
-            assert answer.json() == {"status": "ok", "peer_id": peer.peer_id, "ready": True}
+            assert answer.json() == {
+                "status": "ok",
+                "peer_id": peer.peer_id,
+                "ready": True,
+                "members": 5,
+            }
 
 
 async def test_request_without_credentials_is_401_and_stores_nothing(
