@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_store import cpu_seconds  # this script's folder is first on sys.path
 
 from spark_connector.checkpoint import read_cut
-from spark_connector.sync import PushReport, StateSync
+from spark_connector.sync import PUSH_NICE_DEFAULT, PushReport, StateSync
 from sr3.local import LocalCluster
 from sr3.sync import SyncClient
 
@@ -124,6 +124,8 @@ class Settings:
     overhead: bool = True  # --no-overhead: the restart part only
     # The recovery topology of the restarts from the ring (star, line, tree or auto).
     restore_topology: str = "auto"
+    # StateSync's push_nice for the overhead part (0: push at the driver's priority).
+    push_nice: int = PUSH_NICE_DEFAULT
 
 
 QUICK = Settings(
@@ -656,7 +658,10 @@ def measure_overhead(bench: Bench, provider: str) -> dict[str, Any]:
     root = bench.work / f"overhead-{provider}"
     name = f"overhead-{provider}"
     sides: list[Side] = []
-    sync = RecordingSync(cluster.ring, name, root / "ckpt-with", cluster.secret)
+    sync = RecordingSync(
+        cluster.ring, name, root / "ckpt-with", cluster.secret,
+        push_nice=bench.settings.push_nice,
+    )  # fmt: skip
     try:
         for label, side_sync in (("with", sync), ("without", None)):
             input_dir = root / f"in-{label}"

@@ -186,6 +186,13 @@ def _union(views: Sequence[_RingView], fetched_at: float) -> _RingView:
     return _RingView(ring, first.replication, first.write_quorum, states, fetched_at)
 
 
+def _added(seen: _RingView, wider: _RingView, key: str) -> list[Member]:
+    """``key``'s candidates in ``wider`` that ``seen`` does not name, in walk order."""
+    named = {member.peer_id for member in seen.ring.members}
+    candidates = wider.ring.candidates(key, wider.replication)
+    return [member for member in candidates if member.peer_id not in named]
+
+
 def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:
     """The first leaf of an exception group, so callers see one sr3 error."""
     error: BaseException = group
@@ -432,13 +439,7 @@ class Client:
         if not answers:
             wider = await self.wider_ring(view)
             if wider is not None:
-                asked = {member.peer_id for member in view.ring.members}
-                others = [
-                    member
-                    for member in wider.ring.candidates(chunk_id, wider.replication)
-                    if member.peer_id not in asked
-                ]
-                answers, more = await self._fan_out(others, 1, fetch)
+                answers, more = await self._fan_out(_added(view, wider, chunk_id), 1, fetch)
                 causes += more
         if not answers:
             raise DataUnavailable([chunk_id], causes)
@@ -584,12 +585,7 @@ class Client:
             # be a part of the ring (``wider_ring``); ask the members a wider one adds.
             wider = await self.wider_ring(view)
             if wider is not None:
-                asked = {member.peer_id for member in view.ring.members}
-                others = [
-                    member
-                    for member in wider.ring.candidates(key, wider.replication)
-                    if member.peer_id not in asked
-                ]
+                others = _added(view, wider, key)
                 more, more_causes = await self._fan_out(
                     others, min(wider.replication - len(answers), len(others)), read
                 )
