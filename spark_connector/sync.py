@@ -26,10 +26,7 @@ the driver's default registry, with ``sr3_connector_pushed_batch`` and
 ``sr3_connector_push_failures_total``). ``flush(timeout_s)`` waits until the newest
 committed batch is on the ring. Back-pressure is opt-in: ``throttle(max_lag_batches)``
 called at the start of ``foreachBatch`` holds the query back while pushing is more than
-that many batches behind (a query that must not outrun its recovery point). The push
-worker and its client's threads run ``push_nice`` (default 10) steps below the driver's
-CPU priority (Linux, where niceness is per thread): pushing is background work and takes
-the cores the query leaves idle.
+that many batches behind (a query that must not outrun its recovery point).
 
 Retention: after each push the ring keeps the newest ``keep_batches`` manifests of the
 query and deletes older ones (``forget``); their chunks are collected by the peers once
@@ -75,7 +72,7 @@ from sr3.codec import compact_json
 from sr3.config import resolve
 from sr3.errors import ConfigError, RecordConflict, SR3Error
 from sr3.files import READ_BYTES, fsync_dir
-from sr3.sync import SyncClient, lower_thread_priority
+from sr3.sync import SyncClient
 
 __all__ = [
     "KEEP_BATCHES_DEFAULT",
@@ -97,9 +94,6 @@ KEEP_BATCHES_DEFAULT = 3
 # A pusher reuses the chunks of its last manifest without reading it back for this long
 # (well below the peers' GC grace, default 3600 s).
 RECHECK_S_DEFAULT = 60.0
-# How much lower than the driver's the push threads' CPU priority is (Linux niceness):
-# pushing is background work that must leave the cores to the query it follows.
-PUSH_NICE_DEFAULT = 10
 # A restore lists the ring again when the newest manifest vanished (retention) before
 # it was read, at most this many times.
 LIST_ATTEMPTS_MAX = 3
@@ -146,7 +140,6 @@ class StateSync:
         lag_batches_warn: int = LAG_BATCHES_WARN_DEFAULT,
         keep_batches: int = KEEP_BATCHES_DEFAULT,
         recheck_s: float = RECHECK_S_DEFAULT,
-        push_nice: int = PUSH_NICE_DEFAULT,
     ) -> None:
         self.query = check_query_name(query)
         if keep_batches < 1:
@@ -158,14 +151,8 @@ class StateSync:
         if not str(checkpoint_dir):
             raise ConfigError("a checkpoint directory is required")
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
-        if push_nice < 0:
-            raise ConfigError("push_nice must be 0 or more (pushing can only yield the CPU)")
-        self.push_nice = push_nice
         settings = resolve(ring, secret)
         self._client = SyncClient(settings.ring, settings.secret, options=client_options)
-        # The push worker's own client, whose threads run at ``push_nice`` (start()).
-        self._push_client: SyncClient | None = None
-        self._push_client_args = (settings.ring, settings.secret, client_options)
         # path -> (size, mtime_ns, blob) of files already on the ring
         self._known: dict[str, tuple[int, int, BlobRef]] = {}
         # The manifest that references the chunks of _known, as (batch id, version), and
@@ -198,8 +185,6 @@ class StateSync:
             self._worker.join()
         if self._listener is not None and self._spark_streams is not None:
             self._spark_streams.removeListener(self._listener)
-        if self._push_client is not None:
-            self._push_client.close()
         self._client.close()
 
     # -- pushing on every commit ----------------------------------------------------------
@@ -224,10 +209,6 @@ class StateSync:
         """Start the push worker: from now on every ``committed(batch)`` is pushed."""
         if self._worker is not None:
             raise ConfigError("this StateSync is already pushing")
-        ring_addresses, ring_secret, options = self._push_client_args
-        self._push_client = SyncClient(
-            ring_addresses, ring_secret, options=options, nice=self.push_nice
-        )
         self._worker = threading.Thread(target=self._push_loop, name="sr3-push", daemon=True)
         self._worker.start()
 
@@ -247,13 +228,7 @@ class StateSync:
     def lag_batches(self) -> int:
         return max(0, self._newest_committed - self._newest_pushed)
 
-    @property
-    def _pusher(self) -> SyncClient:
-        """The client pushes use: the worker's low-priority one once pushing started."""
-        return self._push_client or self._client
-
     def _push_loop(self) -> None:
-        lower_thread_priority(self.push_nice)
         failures = 0
         given_up = -1
         while True:
@@ -343,7 +318,7 @@ class StateSync:
                 fresh.append((entry.path, entry.size, entry.mtime_ns))
         sources = [file_source(self.checkpoint_dir / path) for path, _, _ in fresh]
         for (path, size, mtime_ns), blob in zip(
-            fresh, self._pusher.put_sources(sources), strict=True
+            fresh, self._client.put_sources(sources), strict=True
         ):
             files[path] = blob
             known[path] = (size, mtime_ns, blob)
@@ -375,7 +350,7 @@ class StateSync:
         if checked_at - self._referenced_at < self.recheck_s:
             return True
         batch_id, version = self._referencing
-        record = self._pusher.get_record(manifest_key(self.query, batch_id), include_deleted=True)
+        record = self._client.get_record(manifest_key(self.query, batch_id), include_deleted=True)
         if record is None or record.deleted or record.version != version:
             log.info(
                 "sr3 manifest %d of query %s was deleted or replaced: uploading every file "
@@ -396,7 +371,7 @@ class StateSync:
         while len(self._ring_batches) > self.keep_batches:
             oldest = min(self._ring_batches)
             key = manifest_key(self.query, oldest)
-            _delete(self._pusher, key, self._ring_batches[oldest])
+            _delete(self._client, key, self._ring_batches[oldest])
             del self._ring_batches[oldest]
 
     def _write_manifest(self, manifest: Manifest) -> int:
@@ -404,9 +379,9 @@ class StateSync:
         value = compact_json(manifest.to_json())
         refs = manifest.chunk_ids()
         try:  # a new batch: nothing to read first
-            return self._pusher.put_record(key, value, expected_version=0, refs=refs)
+            return self._client.put_record(key, value, expected_version=0, refs=refs)
         except RecordConflict as exc:  # pushed before (a retry, or after a restore)
-            return self._pusher.put_record(key, value, expected_version=exc.current, refs=refs)
+            return self._client.put_record(key, value, expected_version=exc.current, refs=refs)
 
     def forget(self, keep: int) -> list[int]:
         """Delete all but the newest ``keep`` batches of this query (0: all of them);

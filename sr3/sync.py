@@ -8,9 +8,6 @@ threads that run an event loop of their own.
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import sys
 import threading
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -19,54 +16,22 @@ from typing import Any, TypeVar
 
 from sr3.blobs import BlobRef
 from sr3.client import Client, ClientOptions, Progress, RecordValue, RingStatus, Source
-from sr3.errors import ConfigError
 
-__all__ = ["SyncClient", "lower_thread_priority"]
+__all__ = ["SyncClient"]
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
-NICE_MAX = 19
-
-
-def lower_thread_priority(nice: int) -> None:
-    """Raise the calling thread's niceness by ``nice`` (capped at 19), so that it yields
-    the CPU to the process's other threads. Linux only, where niceness is per thread
-    and threads started from this one inherit it; elsewhere it would lower the whole
-    process, so nothing is done."""
-    if nice <= 0:
-        return
-    if sys.platform != "linux":
-        log.info("thread priorities are per process on %s: not lowering", sys.platform)
-        return
-    current = os.getpriority(os.PRIO_PROCESS, 0)
-    os.setpriority(os.PRIO_PROCESS, 0, min(NICE_MAX, current + nice))
 
 
 class SyncClient:
     def __init__(
-        self,
-        ring: str | Sequence[str],
-        secret: str,
-        *,
-        options: ClientOptions | None = None,
-        nice: int = 0,
+        self, ring: str | Sequence[str], secret: str, *, options: ClientOptions | None = None
     ) -> None:
-        """``nice`` > 0 lowers the CPU priority of the client's threads (its event loop
-        and the worker threads that compress, hash and read files) by that much: for
-        background work that must yield to the rest of the process."""
-        if nice < 0:
-            raise ConfigError("nice must be 0 or more: a client can only lower its priority")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=self._run_loop, args=(nice,), name="sr3-client", daemon=True
+            target=self._loop.run_forever, name="sr3-client", daemon=True
         )
         self._thread.start()
         self._client = self._call(self._make(ring, secret, options))
-
-    def _run_loop(self, nice: int) -> None:
-        # Before the loop starts any worker thread: they inherit this thread's priority.
-        lower_thread_priority(nice)
-        self._loop.run_forever()
 
     @staticmethod
     async def _make(

@@ -11,9 +11,7 @@ not know restores to None.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import random
 from pathlib import Path
 
@@ -175,47 +173,6 @@ def test_worker_pushes_the_newest_committed_batch_and_flush_waits_for_it(
         assert REGISTRY.get_sample_value("sr3_connector_pushed_batch", {"query": "worker"}) == 20
     finally:
         sync.close()
-
-
-def test_pushing_runs_below_the_drivers_cpu_priority(
-    make_cluster: MakeCluster, tmp_path: Path, rng: random.Random
-) -> None:
-    """Holds: the push worker thread and every thread of its client (the event loop, and
-    the worker threads it starts to read, hash and compress files) run ``push_nice``
-    steps below the driver's priority, while pushes still reach the ring; the client the
-    driver restores and lists with keeps the driver's priority; a negative value is
-    refused."""
-    cluster: LocalCluster = make_cluster(3)
-    source = tmp_path / "ckpt"
-    materialize(source, rng)
-    with pytest.raises(ConfigError, match="push_nice"):
-        StateSync(cluster.ring, "nice", source, cluster.secret, push_nice=-1)
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    sync = StateSync(cluster.ring, "nice", source, cluster.secret, push_nice=5)
-    try:
-        sync.start()
-        sync.committed(19)
-        sync.flush(timeout_s=60)
-        assert sync.latest_batch() == 19
-        assert sync._worker is not None and sync._push_client is not None
-        pushing = {
-            "worker": os.getpriority(os.PRIO_PROCESS, sync._worker.native_id or 0),
-            "client loop": sync._push_client.run(_own_priority()),
-            "client worker": sync._push_client.run(asyncio.to_thread(_thread_priority)),
-        }
-        assert pushing == dict.fromkeys(pushing, min(19, base + 5))
-        assert sync._client.run(asyncio.to_thread(_thread_priority)) == base
-        assert os.getpriority(os.PRIO_PROCESS, 0) == base
-    finally:
-        sync.close()
-
-
-def _thread_priority() -> int:
-    return os.getpriority(os.PRIO_PROCESS, 0)  # Linux: the calling thread's
-
-
-async def _own_priority() -> int:
-    return _thread_priority()
 
 
 # -------------------------------------------------------- the restore's file writer
