@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_store import cpu_seconds  # this script's folder is first on sys.path
 
 from spark_connector.checkpoint import read_cut
-from spark_connector.sync import PUSH_NICE_DEFAULT, PushReport, StateSync
+from spark_connector.sync import PushReport, StateSync
 from sr3.local import LocalCluster
 from sr3.sync import SyncClient
 
@@ -124,8 +124,6 @@ class Settings:
     overhead: bool = True  # --no-overhead: the restart part only
     # The recovery topology of the restarts from the ring (star, line, tree or auto).
     restore_topology: str = "auto"
-    # StateSync's push_nice for the overhead part (0: push at the driver's priority).
-    push_nice: int = PUSH_NICE_DEFAULT
 
 
 QUICK = Settings(
@@ -614,6 +612,17 @@ def pair_ratios(
     ]
 
 
+def pair_interval(ratios: Sequence[float], resamples: int = 10_000) -> list[float]:
+    """The mean of the block-pair ratios and a bootstrap 95 % interval of it (seeded):
+    how far one run's figure can be trusted, given how much the pairs spread."""
+    if not ratios:
+        return []
+    draw = random.Random(0)
+    means = sorted(statistics.fmean(draw.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    low, high = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+    return [round(statistics.fmean(ratios), 3), round(low, 3), round(high, 3)]
+
+
 def bench_batches(block: dict[str, Any]) -> int:
     first, last = block["batch_ids"]
     return int(last) - int(first) + 1
@@ -658,10 +667,7 @@ def measure_overhead(bench: Bench, provider: str) -> dict[str, Any]:
     root = bench.work / f"overhead-{provider}"
     name = f"overhead-{provider}"
     sides: list[Side] = []
-    sync = RecordingSync(
-        cluster.ring, name, root / "ckpt-with", cluster.secret,
-        push_nice=bench.settings.push_nice,
-    )  # fmt: skip
+    sync = RecordingSync(cluster.ring, name, root / "ckpt-with", cluster.secret)
     try:
         for label, side_sync in (("with", sync), ("without", None)):
             input_dir = root / f"in-{label}"
@@ -697,6 +703,8 @@ def measure_overhead(bench: Bench, provider: str) -> dict[str, Any]:
         # Per pair of neighbouring blocks, with / without: a slow stretch of the machine
         # moves one pair, not the pooled medians' balance.
         "pair_ratios": pair_ratios(sides[0].blocks, sides[1].blocks),
+        # [mean, low, high]: the pair ratios' mean and its bootstrap 95 % interval.
+        "pair_ratio_interval": pair_interval(pair_ratios(sides[0].blocks, sides[1].blocks)),
         "extra_cpu_s_per_batch": extra_cpu(with_figures, without_figures),
         "with": with_figures,
         "without": without_figures,
@@ -933,6 +941,10 @@ def print_report(report: dict[str, Any]) -> None:
         )
         print(f"  {'':8} extra CPU per batch with the connector: {extra}")
         print(f"  {'':8} per block pair, with / without: {figures['pair_ratios']}")
+        interval = figures.get("pair_ratio_interval") or []
+        if interval:
+            mean, low, high = interval
+            print(f"  {'':8} pairs' mean {mean:.3f}, 95 % interval {low:.3f}-{high:.3f}")
     print("\nupload: bytes the connector uploaded / new checkpoint bytes (no .crc, no .tmp)")
     for name, upload in report["upload"].items():
         print(
