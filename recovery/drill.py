@@ -138,7 +138,7 @@ async def _warm_up(client: Client, state: BlobRef, work: Path, options: DrillOpt
 
 
 def _touch_pages(path: Path, size: int) -> None:
-    piece = bytes(min(size, PAGE_WARM_UP_PIECE_BYTES))
+    piece = memoryview(bytes(min(size, PAGE_WARM_UP_PIECE_BYTES)))  # sliced without copies
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         for offset in range(0, size, len(piece) or 1):
