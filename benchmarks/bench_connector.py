@@ -2,9 +2,15 @@
 
 One process, one local SparkSession (``local[2]`` by default, ``--driver-memory`` set
 before the JVM starts) and one local cluster of ``--peers`` peer processes (R=3, W=2),
-all on 127.0.0.x. The input is deterministic: files generated from a seed, linked into a
-file source directory one per micro-batch (``maxFilesPerTrigger=1``), oldest first by
-modification time.
+all on 127.0.0.x. The input is deterministic: files generated from a seed beside a file
+source directory and renamed into it, one per micro-batch (``maxFilesPerTrigger=1``),
+oldest first by modification time.
+
+By default every process shares every core, so the peers' work lands on the query's
+cores too: the worst case, not how a ring is deployed. ``--ring-cpus 1`` pins the peers
+to CPU 1 and Spark's JVM and this process (the driver, which pushes) to the others: the
+query's machine then pays for the connector's driver side only, as it does when the
+ring runs elsewhere.
 
 1. **overhead**, per state store provider (``--providers``): two copies of the same
    stateful query (a one-minute-per-file event stream, ``withWatermark`` and a count and
@@ -44,6 +50,7 @@ the repository root:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -124,6 +131,9 @@ class Settings:
     overhead: bool = True  # --no-overhead: the restart part only
     # The recovery topology of the restarts from the ring (star, line, tree or auto).
     restore_topology: str = "auto"
+    # CPUs the peers are pinned to, comma-separated ("": unpinned, sharing every core);
+    # Spark's JVM and this process are then pinned to the other CPUs.
+    ring_cpus: str = ""
 
 
 QUICK = Settings(
@@ -467,14 +477,25 @@ class Bench:
     log: Callable[[str], None]
 
 
-def feed(side: Side, bench: Bench, count: int) -> tuple[list[BatchFigures], float, float]:
-    """Give ``side`` ``count`` files and wait until they are processed (and pushed): the
-    batches, the wall seconds of processing, and the seconds then waited for the push."""
-    first_batch_id = side.next_file
+def stage(side: Side, bench: Bench, count: int) -> list[Path]:
+    """Generate ``side``'s next ``count`` input files beside its input directory (not
+    yet seen by the query): generating one takes about a quarter of a second of this
+    process's CPU, which, written straight into the directory, overlapped the block's
+    first batches and took a core from them (on either side, at random)."""
+    staging = side.input_dir.with_name(side.input_dir.name + "-staged")
+    staged = [write_events(staging, side.next_file + n, bench.settings) for n in range(count)]
+    side.next_file += count
+    return staged
+
+
+def feed(side: Side, staged: Sequence[Path]) -> tuple[list[BatchFigures], float, float]:
+    """Rename the ``staged`` files into ``side``'s input directory together and wait until
+    they are processed (and pushed): the batches, the wall seconds of processing, and
+    the seconds then waited for the push."""
+    first_batch_id = side.next_file - len(staged)
     started = time.perf_counter()
-    for _ in range(count):
-        write_events(side.input_dir, side.next_file, bench.settings)
-        side.next_file += 1
+    for path in staged:
+        path.rename(side.input_dir / path.name)
     side.query.processAllAvailable()
     wall_s = time.perf_counter() - started
     check_query(side.query)
@@ -487,8 +508,9 @@ def feed(side: Side, bench: Bench, count: int) -> tuple[list[BatchFigures], floa
 
 
 def run_block(side: Side, bench: Bench) -> None:
+    staged = stage(side, bench, bench.settings.block_batches)
     cpu_before = bench.processes.sample()
-    batches, wall_s, flush_s = feed(side, bench, bench.settings.block_batches)
+    batches, wall_s, flush_s = feed(side, staged)
     cpu = cpu_delta(cpu_before, bench.processes.sample())
     side.batches.extend(batches)
     block: dict[str, Any] = {
@@ -517,7 +539,7 @@ def upload_steps(side: Side, bench: Bench, count: int) -> list[dict[str, Any]]:
     assert side.sync is not None, "upload is measured on the connector side"
     steps = []
     for _ in range(count):
-        batches, _wall_s, flush_s = feed(side, bench, 1)
+        batches, _wall_s, flush_s = feed(side, stage(side, bench, 1))
         before, side.listed = side.listed, listing(side.checkpoint_dir)
         steps.append(step_figures(side.sync, before, side.listed))
         steps[-1] |= {"batch_id": batches[0].batch_id, "trigger_ms": batches[0].trigger_ms}
@@ -643,7 +665,7 @@ def run_sides(bench: Bench, with_side: Side, without_side: Side) -> None:
         for side in order:
             count = min(left[side.label], settings.block_batches)
             if count:
-                feed(side, bench, count)
+                feed(side, stage(side, bench, count))
                 left[side.label] -= count
         pair += 1
     assert with_side.sync is not None
@@ -1000,8 +1022,25 @@ def measure(bench: Bench) -> dict[str, Any]:
     return figures
 
 
+def cpu_set(text: str) -> set[int]:
+    """``"1"`` or ``"2,3"``: a set of CPU numbers (empty for ``""``)."""
+    return {int(part) for part in text.split(",") if part.strip()}
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of ``pid`` to ``cpus`` (threads it starts later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), cpus)
+
+
 def run(settings: Settings, out: Path, log: Callable[[str], None]) -> None:
     started = time.perf_counter()
+    ring_cpus = cpu_set(settings.ring_cpus)
+    query_cpus = os.sched_getaffinity(0) - ring_cpus
+    if ring_cpus:  # before the JVM starts: it inherits this process's CPUs
+        pin(os.getpid(), query_cpus)
+        log(f"peers on CPUs {sorted(ring_cpus)}; Spark and the driver on {sorted(query_cpus)}")
     load_average = os.getloadavg()[0]
     if load_average > 1.0:
         log(f"warning: load average {load_average:.2f} before the run; figures will be noisy")
@@ -1019,6 +1058,10 @@ def run(settings: Settings, out: Path, log: Callable[[str], None]) -> None:
         spark = None
         try:
             cluster.up()
+            if ring_cpus:
+                for peer in cluster.cluster.peers:
+                    if peer.pid is not None:
+                        pin(peer.pid, ring_cpus)
             log(f"ring of {settings.peers} peers up; starting Spark")
             spark = start_spark(settings, work / "spark-local")
             peer_pids = tuple(peer.pid for peer in cluster.cluster.peers if peer.pid is not None)
@@ -1106,6 +1149,14 @@ def check_settings(settings: Settings) -> list[str]:
     problems = [f"unknown provider {p!r}" for p in settings.providers if p not in PROVIDERS]
     if settings.peers < REPLICATION:
         problems.append(f"--peers must be at least {REPLICATION}")
+    try:
+        ring_cpus = cpu_set(settings.ring_cpus)
+    except ValueError:
+        problems.append("--ring-cpus must be CPU numbers separated by commas")
+    else:
+        available = os.sched_getaffinity(0)
+        if not ring_cpus <= available or not available - ring_cpus:
+            problems.append(f"--ring-cpus must leave the query some of CPUs {sorted(available)}")
     if not 1 <= settings.block_batches <= RECENT_PROGRESS_MAX // 2:
         problems.append(f"--block-batches must be 1..{RECENT_PROGRESS_MAX // 2}")
     positive = ("blocks", "upload_batches", "state_mib", "build_rows", "restart_rows", "restarts")

@@ -108,45 +108,65 @@ def encode(frame: Frame) -> tuple[bytes, bytes]:
 
 class FrameParser:
     """Bytes in, frames out. Raises ``ProtocolError`` on an unknown kind, a payload above
-    its kind's limit, or bytes after the end frame."""
+    its kind's limit, or bytes after the end frame.
+
+    A payload is gathered as views of the pieces fed and joined once when complete (a
+    piece that holds a whole payload is used as it is): a 296 MiB restore spent a fifth
+    of its client CPU copying each piece into a buffer and then out of it again."""
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._head = bytearray()  # a header's bytes until all of them have come
         self._header: tuple[int, str, int] | None = None
+        self._pieces: list[memoryview] = []  # the current payload's bytes so far
+        self._have = 0
         self.ended = False
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buffer)
+        return len(self._head) + self._have
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         if self.ended and data:
             raise ProtocolError("bytes after the end of a recovery stream")
-        self._buffer += data
+        # Views are kept of immutable bytes only: a view of the caller's bytearray would
+        # pin it and see its later changes, so anything else is copied.
+        if not isinstance(data, bytes | memoryview) or (
+            isinstance(data, memoryview) and not isinstance(data.obj, bytes)
+        ):
+            data = bytes(data)
+        view = memoryview(data).cast("B")
         frames: list[Frame] = []
-        while (frame := self._next()) is not None:
-            frames.append(frame)
-            if frame.kind == KIND_END:
-                if self._buffer:
-                    raise ProtocolError("bytes after the end of a recovery stream")
-                self.ended = True
+        while not self.ended:
+            if self._header is None:
+                take = min(FRAME_HEADER_BYTES - len(self._head), len(view))
+                self._head += view[:take]
+                view = view[take:]
+                if len(self._head) < FRAME_HEADER_BYTES:
+                    break
+                self._header = _parse_header(self._head)
+                self._head.clear()
+            kind, chunk_id, length = self._header
+            take = min(length - self._have, len(view))
+            if take:
+                self._pieces.append(view[:take])
+                self._have += take
+                view = view[take:]
+            if self._have < length:
                 break
+            frames.append(Frame(kind, chunk_id, self._payload()))
+            self._header = None
+            self.ended = kind == KIND_END
+        if len(view):
+            raise ProtocolError("bytes after the end of a recovery stream")
         return frames
 
-    def _next(self) -> Frame | None:
-        if self._header is None:
-            if len(self._buffer) < FRAME_HEADER_BYTES:
-                return None
-            self._header = _parse_header(self._buffer)
-            del self._buffer[:FRAME_HEADER_BYTES]
-        kind, chunk_id, length = self._header
-        if len(self._buffer) < length:
-            return None
-        with memoryview(self._buffer) as view:  # one copy, not a slice and then a copy
-            payload = bytes(view[:length])
-        del self._buffer[:length]
-        self._header = None
-        return Frame(kind, chunk_id, payload)
+    def _payload(self) -> bytes:
+        pieces, self._pieces, self._have = self._pieces, [], 0
+        if len(pieces) == 1:
+            whole = pieces[0].obj
+            if isinstance(whole, bytes) and len(whole) == pieces[0].nbytes:
+                return whole
+        return b"".join(pieces)
 
 
 def _parse_header(buffer: bytearray) -> tuple[int, str, int]:

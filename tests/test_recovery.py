@@ -121,6 +121,30 @@ def test_frames_parse_one_byte_at_a_time(rng: random.Random) -> None:
     assert received == sent
 
 
+def test_frames_parse_pieces_of_any_buffer_type_and_keep_no_reference_to_a_bytearray(
+    rng: random.Random,
+) -> None:
+    """Payloads are gathered as views of the pieces fed: a bytearray piece the caller
+    reuses afterwards must not change (or pin) a frame already returned or still open."""
+    sent = [frames.chunk_frame(*codec.encode(rng.randbytes(300_000))), *sample_frames(rng)]
+    data = wire(sent)
+    parser = FrameParser()
+    received: list[Frame] = []
+    position = 0
+    while position < len(data):
+        size = rng.randrange(1, 20_000)
+        piece = bytearray(data[position : position + size])
+        kind = rng.randrange(3)
+        received += parser.feed(
+            piece if kind == 0 else memoryview(piece) if kind == 1 else bytes(piece)
+        )
+        piece[:] = b"\xff" * len(piece)  # the caller reuses its buffer
+        piece.extend(b"\x00")  # and resizes it: no view may pin it
+        position += size
+    assert received == sent
+    assert parser.ended and parser.buffered_bytes == 0
+
+
 @pytest.mark.parametrize(
     ("kind", "length"),
     [
