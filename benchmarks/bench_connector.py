@@ -981,6 +981,12 @@ def print_report(report: dict[str, Any]) -> None:
         f"\ncores {report['environment']['cores']}, Spark {report['environment']['spark']}, "
         f"peers {report['peers']} (R={REPLICATION} W={WRITE_QUORUM}), run {report['run_s']:.0f} s"
     )
+    ring_cpus = report["settings"]["ring_cpus"]
+    print(
+        f"peers pinned to CPUs {ring_cpus}, Spark and the driver to the others"
+        if ring_cpus
+        else "peers, Spark and the driver share every core"
+    )
 
 
 def print_restart(restart: dict[str, Any]) -> None:
