@@ -17,10 +17,10 @@ ring runs elsewhere.
    sum per five-minute window and key, append mode to the ``noop`` sink) run side by
    side in the session, one with ``StateSync.register`` (every committed batch pushed
    by the worker thread), one without. They are fed in alternating blocks of
-   ``--block-batches`` files (with, without, without, with, ...): a block links its files,
-   waits until the query has processed them all, and for the connector side waits for
-   the push of the block's last batch, so that a push never shares the cores with the
-   other query's block. Per batch, ``durationMs.triggerExecution`` from
+   ``--block-batches`` files (with, without, without, with, ...): a block renames its
+   staged files in, waits until the query has processed them all, and for the
+   connector side waits for the push of the block's last batch, so that a push never
+   shares the cores with the other query's block. Per batch, ``durationMs.triggerExecution`` from
    ``recentProgress``; the medians of both sides and their ratio (target <= 1.05x).
 2. **upload**: after the blocks, ``--upload-batches`` single batches of the connector
    side, each waited for (query, then push): per batch, the bytes the connector read
@@ -711,6 +711,7 @@ def measure_overhead(bench: Bench, provider: str) -> dict[str, Any]:
     with_figures, without_figures = side_summary(sides[0]), side_summary(sides[1])
     ratio = with_figures["trigger_ms_median"] / without_figures["trigger_ms_median"]
     blocks = sides[0].blocks
+    pairs = pair_ratios(blocks, sides[1].blocks)
     uploaded = sum(block["uploaded_bytes"] for block in blocks)
     visible = sum(block["new_bytes_visible"] for block in blocks)
     return {
@@ -724,9 +725,9 @@ def measure_overhead(bench: Bench, provider: str) -> dict[str, Any]:
         "target_met": ratio <= TARGET_OVERHEAD_RATIO,
         # Per pair of neighbouring blocks, with / without: a slow stretch of the machine
         # moves one pair, not the pooled medians' balance.
-        "pair_ratios": pair_ratios(sides[0].blocks, sides[1].blocks),
+        "pair_ratios": pairs,
         # [mean, low, high]: the pair ratios' mean and its bootstrap 95 % interval.
-        "pair_ratio_interval": pair_interval(pair_ratios(sides[0].blocks, sides[1].blocks)),
+        "pair_ratio_interval": pair_interval(pairs),
         "extra_cpu_s_per_batch": extra_cpu(with_figures, without_figures),
         "with": with_figures,
         "without": without_figures,

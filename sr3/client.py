@@ -260,8 +260,7 @@ class Client:
         causes: list[str] = []
         for address in dict.fromkeys([*self.seeds, *known]):
             try:
-                answer = await self._transport.request(address, "GET", "/v1/ring", any_target=True)
-                self._view = self._parse_ring(answer.json())
+                self._view = await self._ring_from(address)
                 return self._view
             except PeerError as exc:
                 causes.append(str(exc))
@@ -295,10 +294,7 @@ class Client:
             async with slots:
                 try:
                     async with asyncio.timeout(STATUS_TIMEOUT_S):
-                        answer = await self._transport.request(
-                            address, "GET", "/v1/ring", any_target=True
-                        )
-                    return self._parse_ring(answer.json())
+                        return await self._ring_from(address)
                 except (PeerError, ProtocolError, TimeoutError) as exc:
                     log.info("widening the member table: %s did not answer: %s", address, exc)
                     return None
@@ -306,6 +302,11 @@ class Client:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(ask(address)) for address in addresses]
         return [view for task in tasks if (view := task.result()) is not None]
+
+    async def _ring_from(self, address: str) -> _RingView:
+        """The member table that the peer at ``address`` serves."""
+        answer = await self._transport.request(address, "GET", "/v1/ring", any_target=True)
+        return self._parse_ring(answer.json())
 
     def _parse_ring(self, answer: Any) -> _RingView:
         try:
