@@ -166,7 +166,7 @@ class Node:
         self._scrubber = Scrubber(
             config.peer_id, self.chunks, self._table, self.ring, self.data_transport,
             replication=config.replication, rate_bytes_s=config.scrub_rate_bytes_s,
-            foreground=self.foreground,
+            interval_s=config.scrub_interval_s, foreground=self.foreground,
         )  # fmt: skip
 
         self._collector = ChunkCollector(

@@ -9,6 +9,7 @@ from ring.chunkstore import IO_CONCURRENCY_DEFAULT
 from ring.gc import GC_GRACE_S_DEFAULT, GC_INTERVAL_S_DEFAULT
 from ring.placement import VNODES_DEFAULT
 from ring.records import TOMBSTONE_TTL_S_DEFAULT
+from ring.scrubber import INTERVAL_S_DEFAULT as SCRUB_INTERVAL_S_DEFAULT
 
 __all__ = ["PeerConfig"]
 
@@ -38,6 +39,7 @@ class PeerConfig:
     repair_interval_s: float = 10.0
     repair_rate_bytes_s: float = 64e6
     scrub_rate_bytes_s: float = 8e6
+    scrub_interval_s: float = SCRUB_INTERVAL_S_DEFAULT
     # Chunk collection (ring.gc): a round every gc_interval_s (0: off); a chunk no live
     # record references is deleted after gc_grace_s unreferenced and not stored.
     gc_interval_s: float = GC_INTERVAL_S_DEFAULT

@@ -162,6 +162,10 @@ def _seeds(text: str) -> tuple[str, ...]:
     help="Scrubber read rate cap (0: no scrubbing).",
 )  # fmt: skip
 @click.option(
+    "--scrub-interval", default=24 * 3600.0, show_default=True, type=click.FloatRange(0),
+    help="Seconds from the start of one scrub pass over every chunk to the next.",
+)  # fmt: skip
+@click.option(
     "--gc-interval", default=300.0, show_default=True, type=click.FloatRange(0),
     help="Seconds between chunk collection rounds (0: never collect).",
 )  # fmt: skip
@@ -203,9 +207,9 @@ def peer(
     data_dir: Path | None, seeds: str, zone: str, replication: int, write_quorum: int,
     vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
     removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
-    scrub_rate: str, gc_interval: float, gc_grace: float, tombstone_ttl: float, overlay: bool,
-    rng_seed: int | None, egress_rate: str, added_latency_ms: float, admin_kill: bool,
-    secret_file: Path | None, log_level: str,
+    scrub_rate: str, scrub_interval: float, gc_interval: float, gc_grace: float,
+    tombstone_ttl: float, overlay: bool, rng_seed: int | None, egress_rate: str,
+    added_latency_ms: float, admin_kill: bool, secret_file: Path | None, log_level: str,
 ) -> None:  # fmt: skip
     """Run one storage peer in the foreground until SIGTERM or Ctrl-C (`sr3 peer leave`
     makes a peer leave the ring for good).
@@ -241,7 +245,8 @@ def peer(
         advertise=advertise or listen, failure_timeout_s=failure_timeout,
         removal_grace_s=removal_grace, gossip_interval_s=gossip_interval,
         repair_interval_s=repair_interval, repair_rate_bytes_s=_rate(repair_rate),
-        scrub_rate_bytes_s=_rate(scrub_rate), gc_interval_s=gc_interval, gc_grace_s=gc_grace,
+        scrub_rate_bytes_s=_rate(scrub_rate), scrub_interval_s=scrub_interval,
+        gc_interval_s=gc_interval, gc_grace_s=gc_grace,
         tombstone_ttl_s=tombstone_ttl, overlay=overlay, rng_seed=rng_seed,
         egress_rate_bytes_s=_rate(egress_rate), added_latency_ms=added_latency_ms,
         admin_kill=admin_kill,

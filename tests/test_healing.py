@@ -501,16 +501,40 @@ async def test_a_joining_peer_takes_about_one_nth_of_the_data_and_nothing_else_m
     assert 0.4 / peers <= fraction <= 1.8 / peers, (fraction, SEED)
 
 
+async def test_scrubber_starts_a_pass_once_per_interval_not_back_to_back(
+    make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Must hold: a peer whose passes take a moment starts the next pass only once
+    ``--scrub-interval`` has passed since the last one started (an idle peer does not
+    re-verify its chunks over and over)."""
+    interval_s = 3.0
+    flags = ["--scrub-rate", "100MB/s", "--scrub-interval", str(interval_s)]
+    cluster = make_cluster(1, peer_flags=peer_flags(rng, extra=flags))
+    peer = cluster.cluster.peers[0]
+    async with HttpProbe(cluster.secret) as probe:
+
+        async def passes_at_least(count: int) -> tuple[bool, object]:
+            passes = (await probe.info(peer.address))["scrub"]["passes"]
+            return passes >= count, passes
+
+        await wait_for("the first scrub pass", lambda: passes_at_least(1))
+        first_done = time.monotonic()
+        await wait_for("the second scrub pass", lambda: passes_at_least(2))
+        # The first pass (an empty store) ended within moments of its start.
+        assert time.monotonic() - first_done >= interval_s - 0.5
+
+
 async def test_scrubber_quarantines_a_rotten_chunk_and_restores_it_from_a_replica(
     make_cluster: MakeCluster, rng: random.Random, tmp_path: Path
 ) -> None:
     """Breaks: one byte of one chunk file on one peer is flipped on disk, behind the
     peer's back (nobody reads the chunk afterwards).
-    Must hold: that peer's scrubber (fast scrub rate) finds it, moves the file to
-    quarantine, and fetches a good copy from a replica: the peer serves the chunk again
+    Must hold: that peer's scrubber (fast scrub rate, a pass every 0.5 s) finds it, moves
+    the file to quarantine, and fetches a good copy from a replica: the peer serves the chunk again
     and it verifies; /v1/info counts it (scrub corrupt_found, repaired, quarantined);
     the peer stays up, in the same process."""
-    cluster = make_cluster(3, peer_flags=peer_flags(rng, extra=["--scrub-rate", "100MB/s"]))
+    scrubbing = ["--scrub-rate", "100MB/s", "--scrub-interval", "0.5"]
+    cluster = make_cluster(3, peer_flags=peer_flags(rng, extra=scrubbing))
     async with Client(
         cluster.ring, cluster.secret, options=ClientOptions(chunk_bytes=CHUNK_BYTES)
     ) as client:
