@@ -173,8 +173,38 @@ def cut_for_batch(
     batch again exactly as the uninterrupted one did.
     Raises ``CheckpointError`` when a needed file is missing.
     """
-    visible = _visible(entries)
-    by_path = _index(visible)
+    return _cut(_Parsed.of(entries), batch_id, sst_references, state_partitions, source_log_ends)
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """A listing sorted once for ``snapshot_zips`` and ``cut_for_batch`` alike."""
+
+    visible: list[FileEntry]
+    by_path: dict[str, FileEntry]
+    state: _StateListing
+
+    @classmethod
+    def of(cls, entries: Iterable[FileEntry], *, all_visible: bool = False) -> _Parsed:
+        """``all_visible``: the entries were walked by ``_list_items``, which skips what
+        ``_visible`` would."""
+        visible = list(entries) if all_visible else _visible(entries)
+        state = _parse_state(entry for entry in visible if entry.path.startswith("state/"))
+        return cls(visible, _index(visible), state)
+
+
+def _cut(
+    parsed: _Parsed,
+    batch_id: int,
+    sst_references: Mapping[str, Sequence[FileEntry]] | None,
+    state_partitions: int | None,
+    source_log_ends: Mapping[int, int] | None,
+    *,
+    sizes_listed: bool = True,
+) -> Cut:
+    """``cut_for_batch`` on a parsed listing; ``sizes_listed=False``: the entries carry
+    no sizes yet, so the SST sizes are not checked against the references here."""
+    visible, by_path, state = parsed.visible, parsed.by_path, parsed.state
     state_version = batch_id + 1
     needed = ["metadata", f"offsets/{batch_id}", f"commits/{batch_id}"]
     missing = [path for path in needed if path not in by_path]
@@ -190,7 +220,6 @@ def cut_for_batch(
             )
     files = [by_path[path] for path in needed]
     files.extend(_source_files(visible, source_log_ends or {}))
-    state = _parse_state(entry for entry in visible if entry.path.startswith("state/"))
     _check_partitions(state, state_partitions)
     files.extend(entry for entry, batch in state.metadata if batch is None or batch <= batch_id)
     for store_dir, store in sorted(state.stores.items()):
@@ -198,7 +227,7 @@ def cut_for_batch(
         files.extend(steps)
         if base is not None:
             files.append(base)
-            files.extend(_immutable_files(store_dir, store, base, sst_references))
+            files.extend(_immutable_files(store_dir, store, base, sst_references, sizes_listed))
     files.sort(key=lambda entry: entry.path)
     assert len({entry.path for entry in files}) == len(files), "a cut names a file twice"
     return Cut(batch_id=batch_id, files=tuple(files), state_version=state_version)
@@ -236,7 +265,10 @@ def snapshot_zips(entries: Iterable[FileEntry], batch_id: int) -> list[str]:
     The edge reads their SST lists (``read_sst_references``) and passes them back to
     ``cut_for_batch``; HDFS-backed stores contribute nothing here.
     """
-    state = _parse_state(entry for entry in _visible(entries) if entry.path.startswith("state/"))
+    return _snapshot_zips(_Parsed.of(entries).state, batch_id)
+
+
+def _snapshot_zips(state: _StateListing, batch_id: int) -> list[str]:
     zips = []
     for store_dir, store in sorted(state.stores.items()):
         base, _steps = _chain(store_dir, store, batch_id + 1)
@@ -414,8 +446,10 @@ def _immutable_files(
     store: _Store,
     base: FileEntry,
     sst_references: Mapping[str, Sequence[FileEntry]] | None,
+    sizes_listed: bool = True,
 ) -> list[FileEntry]:
-    """The SST/log files a RocksDB zip needs: the ones it names, or all of the store's."""
+    """The SST/log files a RocksDB zip needs: the ones it names, or all of the store's
+    (their listed sizes checked against the names' unless ``sizes_listed`` is False)."""
     if not base.path.endswith(".zip"):
         return []
     if sst_references is None:
@@ -428,13 +462,18 @@ def _immutable_files(
         listed = store.immutable.get(reference.path)
         if listed is None:
             raise CheckpointError(f"{base.path} needs {reference.path}, which is not listed")
-        if listed.size != reference.size:
-            raise CheckpointError(
-                f"{reference.path}: {listed.size} bytes listed, {base.path} "
-                f"expects {reference.size} (a partial upload?)"
-            )
+        if sizes_listed:
+            _check_sst_size(base.path, reference, listed)
         files.append(listed)
     return files
+
+
+def _check_sst_size(zip_path: str, reference: FileEntry, listed: FileEntry) -> None:
+    if listed.size != reference.size:
+        raise CheckpointError(
+            f"{reference.path}: {listed.size} bytes listed, {zip_path} "
+            f"expects {reference.size} (a partial upload?)"
+        )
 
 
 def _ranges(versions: Sequence[int]) -> str:
@@ -461,21 +500,38 @@ def list_checkpoint(root: Path) -> list[FileEntry]:
     (Spark's maintenance deletes old versions, temp files are renamed) are left out;
     symbolic links are not followed.
     """
-    entries: list[FileEntry] = []
+    entries = []
+    for path, item in _list_items(root):
+        try:
+            stat = item.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise CheckpointError(f"{root}: cannot list the checkpoint: {exc}") from exc
+        entries.append(FileEntry(path, stat.st_size, stat.st_mtime_ns))
+    return entries
+
+
+def _list_items(root: Path) -> list[tuple[str, os.DirEntry[str]]]:
+    """The files ``list_checkpoint`` lists, by path, sorted, without a stat of each (the
+    directory entries' types say what is a file)."""
+    paths: list[tuple[str, os.DirEntry[str]]] = []
     pending = [""]
     try:
         if not root.is_dir():
             raise CheckpointError(f"{root}: not a checkpoint directory")
         while pending:
             relative = pending.pop()
-            _scan(root, relative, entries, pending)
+            _scan(root, relative, paths, pending)
     except OSError as exc:
         raise CheckpointError(f"{root}: cannot list the checkpoint: {exc}") from exc
-    entries.sort(key=lambda entry: entry.path)
-    return entries
+    paths.sort(key=lambda pair: pair[0])
+    return paths
 
 
-def _scan(root: Path, relative: str, entries: list[FileEntry], pending: list[str]) -> None:
+def _scan(
+    root: Path, relative: str, paths: list[tuple[str, os.DirEntry[str]]], pending: list[str]
+) -> None:
     try:
         with os.scandir(root / relative) as scan:
             for item in scan:
@@ -486,11 +542,10 @@ def _scan(root: Path, relative: str, entries: list[FileEntry], pending: list[str
                     if item.is_dir(follow_symlinks=False):
                         pending.append(path)
                     elif item.is_file(follow_symlinks=False) and not item.name.endswith(".tmp"):
-                        stat = item.stat(follow_symlinks=False)
-                        entries.append(FileEntry(path, stat.st_size, stat.st_mtime_ns))
+                        paths.append((path, item))
                 except FileNotFoundError:
                     continue
-                if len(entries) > LISTING_ENTRIES_MAX:
+                if len(paths) > LISTING_ENTRIES_MAX:
                     raise CheckpointError(f"{root}: more than {LISTING_ENTRIES_MAX} files")
     except FileNotFoundError:
         return
@@ -572,18 +627,26 @@ def read_cut(
     ``zip_cache`` (the caller's, kept between calls) holds the SST lists of zips read
     before, by path with the listed entry they were read from: a zip listed again with
     the same size and modification time is not opened again. It is left holding the
-    zips of this cut only."""
-    entries = list_checkpoint(root)
+    zips of this cut only.
+
+    Only the files of the cut are stat-ed, after it is cut from the names: a checkpoint
+    keeps ``spark.sql.streaming.minBatchesToRetain`` (100) versions of every partition,
+    of which a cut needs a few. A file that vanishes before its stat (maintenance)
+    raises ``FileNotFoundError``: list again."""
+    names = [FileEntry(path, 0) for path, _item in _list_items(root)]
+    parsed = _Parsed.of(names, all_visible=True)
     if batch_id is None:
-        batches = committed_batches(entries)
+        batches = sorted(
+            _batch_ids(parsed.visible, "offsets") & _batch_ids(parsed.visible, "commits")
+        )
         if not batches:
             raise CheckpointError(f"{root}: no committed batch")
         batch_id = batches[-1]
-    zips = snapshot_zips(entries, batch_id)
+    zips = _snapshot_zips(parsed.state, batch_id)
     if zip_cache is None:
         references = read_sst_references(root, zips)
     else:
-        listed = {entry.path: entry for entry in entries}
+        listed = {path: _stat(root, path) for path in zips}
         fresh = [
             path
             for path in zips
@@ -595,7 +658,23 @@ def read_cut(
             del zip_cache[path]
         references = {path: zip_cache[path][1] for path in zips}
     partitions, source_log_ends = read_offsets(root, batch_id)
-    return cut_for_batch(entries, batch_id, references, partitions, source_log_ends)
+    named = _cut(parsed, batch_id, references, partitions, source_log_ends, sizes_listed=False)
+    files = tuple(_stat(root, entry.path) for entry in named.files)
+    by_path = {entry.path: entry for entry in files}
+    for zip_path, sst_files in references.items():
+        for reference in sst_files:
+            _check_sst_size(zip_path, reference, by_path[reference.path])
+    return Cut(named.batch_id, files, named.state_version)
+
+
+def _stat(root: Path, path: str) -> FileEntry:
+    try:
+        stat = os.stat(root / path, follow_symlinks=False)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CheckpointError(f"{root / path}: cannot stat it: {exc}") from exc
+    return FileEntry(path, stat.st_size, stat.st_mtime_ns)
 
 
 def _same_file(before: FileEntry, now: FileEntry) -> bool:

@@ -671,6 +671,44 @@ def test_read_cut_uses_the_newest_committed_batch_and_zip_references(tmp_path: P
         read_cut(empty)
 
 
+def test_read_cut_stats_only_the_files_of_the_cut_and_checks_sst_sizes_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint keeps many versions a cut does not need: they are listed by name,
+    never stat-ed. The cut's entries carry the sizes and times a full listing gives, and
+    an SST whose size is not the one its zip records is still refused."""
+    batches = list(range(12))
+    for path in query_files(*batches, committed=batches):
+        write_file(tmp_path, path)
+    for version in range(1, 13):
+        write_file(tmp_path, f"state/0/0/{version}.changelog", b"c" * version)
+    write_file(tmp_path, "state/0/0/SSTs/000008-aa.sst", b"a" * 100)
+    write_zip(tmp_path, "state/0/0/10.zip", rocksdb_metadata(("000008-aa.sst", 100)))
+    stated: list[str] = []
+    real_stat = os.stat
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        stated.append(Path(path).relative_to(tmp_path).as_posix())
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting)
+    cut = read_cut(tmp_path)
+    monkeypatch.setattr(os, "stat", real_stat)
+    assert cut.batch_id == 11
+    assert sorted(path for path in stated if path != ".") == [entry.path for entry in cut.files]
+    assert paths(cut, "state/0/0/") == [
+        "state/0/0/10.zip", "state/0/0/11.changelog", "state/0/0/12.changelog",
+        "state/0/0/SSTs/000008-aa.sst",
+    ]  # fmt: skip
+    listed = {entry.path: entry for entry in list_checkpoint(tmp_path)}
+    assert [(e.size, e.mtime_ns) for e in cut.files] == [
+        (listed[e.path].size, listed[e.path].mtime_ns) for e in cut.files
+    ]
+    write_file(tmp_path, "state/0/0/SSTs/000008-aa.sst", b"a" * 99)
+    with pytest.raises(CheckpointError, match="partial upload"):
+        read_cut(tmp_path)
+
+
 def test_read_cut_reads_a_zip_again_only_when_it_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
