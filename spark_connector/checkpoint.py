@@ -148,7 +148,10 @@ class _StateListing:
 
 def committed_batches(entries: Iterable[FileEntry]) -> list[int]:
     """Batch ids with both ``commits/N`` and ``offsets/N`` in the listing, ascending."""
-    visible = _visible(entries)
+    return _committed(_visible(entries))
+
+
+def _committed(visible: Sequence[FileEntry]) -> list[int]:
     return sorted(_batch_ids(visible, "offsets") & _batch_ids(visible, "commits"))
 
 
@@ -636,9 +639,7 @@ def read_cut(
     names = [FileEntry(path, 0) for path, _item in _list_items(root)]
     parsed = _Parsed.of(names, all_visible=True)
     if batch_id is None:
-        batches = sorted(
-            _batch_ids(parsed.visible, "offsets") & _batch_ids(parsed.visible, "commits")
-        )
+        batches = _committed(parsed.visible)
         if not batches:
             raise CheckpointError(f"{root}: no committed batch")
         batch_id = batches[-1]
@@ -671,7 +672,7 @@ def _stat(root: Path, path: str) -> FileEntry:
     try:
         stat = os.stat(root / path, follow_symlinks=False)
     except FileNotFoundError:
-        raise
+        raise  # deleted since the listing (maintenance): the caller lists again
     except OSError as exc:
         raise CheckpointError(f"{root / path}: cannot stat it: {exc}") from exc
     return FileEntry(path, stat.st_size, stat.st_mtime_ns)

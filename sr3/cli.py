@@ -163,7 +163,8 @@ def _seeds(text: str) -> tuple[str, ...]:
 )  # fmt: skip
 @click.option(
     "--scrub-interval", default=24 * 3600.0, show_default=True, type=click.FloatRange(0),
-    help="Seconds from the start of one scrub pass over every chunk to the next.",
+    help="Seconds from the start of one scrub pass over every chunk to the next "
+    "(0: back to back).",
 )  # fmt: skip
 @click.option(
     "--gc-interval", default=300.0, show_default=True, type=click.FloatRange(0),
