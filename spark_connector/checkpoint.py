@@ -644,6 +644,8 @@ def read_cut(
             raise CheckpointError(f"{root}: no committed batch")
         batch_id = batches[-1]
     zips = _snapshot_zips(parsed.state, batch_id)
+    # Entries stat-ed so far (the zips, when cached), reused for the cut's files.
+    listed: dict[str, FileEntry] = {}
     if zip_cache is None:
         references = read_sst_references(root, zips)
     else:
@@ -660,7 +662,7 @@ def read_cut(
         references = {path: zip_cache[path][1] for path in zips}
     partitions, source_log_ends = read_offsets(root, batch_id)
     named = _cut(parsed, batch_id, references, partitions, source_log_ends, sizes_listed=False)
-    files = tuple(_stat(root, entry.path) for entry in named.files)
+    files = tuple(listed.get(entry.path) or _stat(root, entry.path) for entry in named.files)
     by_path = {entry.path: entry for entry in files}
     for zip_path, sst_files in references.items():
         for reference in sst_files:

@@ -693,8 +693,11 @@ def test_read_cut_stats_only_the_files_of_the_cut_and_checks_sst_sizes_there(
 
     monkeypatch.setattr(os, "stat", counting)
     cut = read_cut(tmp_path)
-    monkeypatch.setattr(os, "stat", real_stat)
     assert cut.batch_id == 11
+    assert sorted(path for path in stated if path != ".") == [entry.path for entry in cut.files]
+    stated.clear()  # with a zip cache, the zip's stat for the cache serves the cut too
+    assert read_cut(tmp_path, zip_cache={}) == cut
+    monkeypatch.setattr(os, "stat", real_stat)
     assert sorted(path for path in stated if path != ".") == [entry.path for entry in cut.files]
     assert paths(cut, "state/0/0/") == [
         "state/0/0/10.zip", "state/0/0/11.changelog", "state/0/0/12.changelog",
