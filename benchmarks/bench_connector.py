@@ -70,10 +70,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_store import cpu_seconds  # this script's folder is first on sys.path
 
+from ring.sync_client import SyncClient
 from spark_connector.checkpoint import read_cut
 from spark_connector.sync import PushReport, StateSync
 from sr3.local import LocalCluster
-from sr3.sync import SyncClient
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SEED = 20_240_601

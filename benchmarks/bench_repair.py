@@ -37,8 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sr3.client import Client, RingStatus
-from sr3.config import parse_size
+from ring.client import Client, RingStatus
+from ring.config import parse_size
 from sr3.local import LocalCluster
 from sr3.statedata import write_state_file
 

@@ -8,7 +8,7 @@ One run measures, on the same machine and data:
   number of concurrent transfers over one ``aiohttp.ClientSession`` and reads it back into
   a file in order. No replication.
 - **sr3**: a local cluster of ``--peers`` peer processes (R=3, W=2 by default) and
-  ``sr3.client.Client``: ``put_file`` (chunked, compressed, replicated, fsynced, verified
+  ``ring.client.Client``: ``put_file`` (chunked, compressed, replicated, fsynced, verified
   on the peer before it is written) and ``get_file`` (verified end to end, fsynced).
 
 Both outputs are compared with the input by SHA-256 (not timed). Throughput is MB/s of
@@ -58,9 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aiohttp
 from aiohttp import web
 
-from sr3.client import Client, ClientOptions
-from sr3.codec import CHUNK_BYTES_MAX
-from sr3.config import parse_size
+from ring.client import Client, ClientOptions
+from ring.codec import CHUNK_BYTES_MAX
+from ring.config import parse_size
 from sr3.local import LocalCluster
 from sr3.statedata import write_state_file
 

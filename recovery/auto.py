@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from recovery.cost import Choice, Network, Workload, choose, measured_network
 from recovery.plan import ChunkSpec
-from sr3.client import Client
+from ring.client import Client
 
 __all__ = ["choose_for", "measured", "workload_of"]
 

@@ -446,7 +446,7 @@ def measured_network(
     that took no measurable time (too little to give a finite rate). A transfer is bounded
     by both the sender's egress and the requester's ingress; the rate is attributed to
     peer egress. Transfers are downloads timed as if each had had its peer to itself
-    (``sr3.transport`` divides a download's seconds by the mean number of requests in
+    (``ring.transport`` divides a download's seconds by the mean number of requests in
     flight to that peer): timed as they were, eight downloads sharing one peer each look
     eight times slower than the peer is. Downloads from different peers at once share the
     requester's link, which still makes each look slower than its peer when that link is

@@ -23,10 +23,10 @@ from recovery.auto import measured
 from recovery.cost import Choice, Network, Workload, choose
 from recovery.executor import RecoveryResult, locate, recover_blob
 from recovery.plan import TOPOLOGIES, Topology, parse_topology
-from sr3.blobs import BlobRef
-from sr3.client import Client
-from sr3.errors import ConfigError, DataUnavailable
-from sr3.files import file_digest
+from ring.blobs import BlobRef
+from ring.client import Client
+from ring.errors import ConfigError, DataUnavailable
+from ring.files import file_digest
 
 __all__ = ["DrillOptions", "DrillReport", "TopologyResult", "run_drill", "write_plot"]
 

@@ -40,14 +40,14 @@ from recovery.cost import Network
 from recovery.frames import Frame, FrameParser
 from recovery.plan import ChunkSpec, Plan, PlanNode, Topology, build_plan, parse_topology
 from recovery.relay import ROUTE
+from ring import codec
+from ring.blobs import BlobRef
+from ring.client import Client
+from ring.errors import AuthError, ChunkCorrupt, DataUnavailable, PeerError, ProtocolError
+from ring.files import fsync_dir
 from ring.peer import EXISTS_IDS_MAX
 from ring.placement import Member
 from ring.ratelimit import TokenBucket
-from sr3 import codec
-from sr3.blobs import BlobRef
-from sr3.client import Client
-from sr3.errors import AuthError, ChunkCorrupt, DataUnavailable, PeerError, ProtocolError
-from sr3.files import fsync_dir
 
 __all__ = ["RecoveryResult", "Sink", "locate", "recover", "recover_blob"]
 

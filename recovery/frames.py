@@ -9,8 +9,8 @@ frames, each a 21-byte header followed by its payload::
     17     4    payload length (unsigned, big endian)
     21     n    payload
 
-* **chunk**: the payload is the chunk's stored form (``sr3.codec``), at most
-  ``sr3.codec.STORED_BYTES_MAX`` bytes.
+* **chunk**: the payload is the chunk's stored form (``ring.codec``), at most
+  ``ring.codec.STORED_BYTES_MAX`` bytes.
 * **missing**: the sender could not get the chunk from anyone; the payload is a short
   UTF-8 reason.
 * **end**: the stream is complete (payload empty). A stream that stops without an end
@@ -29,8 +29,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from sr3.codec import STORED_BYTES_MAX
-from sr3.errors import ProtocolError
+from ring.codec import STORED_BYTES_MAX
+from ring.errors import ProtocolError
 
 __all__ = [
     "FRAME_HEADER_BYTES",

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sr3.errors import DataUnavailable, ProtocolError
+from ring.errors import DataUnavailable, ProtocolError
 
 __all__ = [
     "TOPOLOGIES",

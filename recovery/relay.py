@@ -35,9 +35,9 @@ from aiohttp import web
 from recovery import frames
 from recovery.frames import Frame, FrameParser
 from recovery.plan import PLAN_NODES_MAX, PlanNode
+from ring import codec
+from ring.errors import AuthError, ChunkCorrupt, PeerError, PeerUnavailable, ProtocolError
 from ring.node import Node
-from sr3 import codec
-from sr3.errors import AuthError, ChunkCorrupt, PeerError, PeerUnavailable, ProtocolError
 
 __all__ = [
     "CONTENT_TYPE",

@@ -1,7 +1,7 @@
 """The peer's on-disk chunk store.
 
 Chunks live under ``<data>/chunks/<first two hex digits>/<chunk id>`` in their stored form
-(see ``sr3.codec``). A write goes to ``<data>/tmp``, is fsynced, renamed into place and the
+(see ``ring.codec``). A write goes to ``<data>/tmp``, is fsynced, renamed into place and the
 directory fsynced, so a crash leaves either the whole chunk or nothing. Every chunk is
 fully verified (decompressed and re-hashed) before it is written, and its header and
 payload checksum are verified on every read; a file that fails is moved to
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sr3 import codec
-from sr3.errors import ChunkCorrupt, StorageFull
-from sr3.files import fsync_dir
+from ring import codec
+from ring.errors import ChunkCorrupt, StorageFull
+from ring.files import fsync_dir
 
 __all__ = ["ChunkStore", "StoreStats", "write_file_atomic"]
 

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ring.chunkstore import ChunkStore
+from ring.errors import SR3Error
 from ring.membership import MemberTable
 from ring.records import RecordStore
-from sr3.errors import SR3Error
-from sr3.transport import Transport
+from ring.transport import Transport
 
 __all__ = [
     "GC_GRACE_S_DEFAULT",

@@ -20,10 +20,10 @@ import random
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
+from ring.codec import compact_json
+from ring.errors import ProtocolError, SR3Error
 from ring.membership import MEMBERS_MAX, Entry, MemberTable
-from sr3.codec import compact_json
-from sr3.errors import ProtocolError, SR3Error
-from sr3.transport import Transport
+from ring.transport import Transport
 
 __all__ = ["Gossiper", "decode_table", "encode_table"]
 

@@ -12,8 +12,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from sr3 import codec
-from sr3.files import fsync_dir
+from ring import codec
+from ring.files import fsync_dir
 
 __all__ = ["HINTS_MAX", "HintStore"]
 

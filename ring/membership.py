@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ring.errors import ProtocolError
 from ring.placement import Member
-from sr3.errors import ProtocolError
 
 __all__ = [
     "MEMBERS_MAX",

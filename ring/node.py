@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ring.chunkstore import ChunkStore, write_file_atomic
+from ring.errors import ConfigError, ProtocolError
 from ring.gc import ChunkCollector, GcSettings
 from ring.gossip import Gossiper, decode_table
 from ring.hints import HintStore
@@ -31,9 +32,8 @@ from ring.ratelimit import ForegroundGate, TokenBucket
 from ring.records import RecordStore
 from ring.repair import Repairer, RepairSettings
 from ring.scrubber import Scrubber
-from sr3.errors import ConfigError, ProtocolError
-from sr3.transport import Timeouts as TransportTimeouts
-from sr3.transport import Transport
+from ring.transport import Timeouts as TransportTimeouts
+from ring.transport import Transport
 
 __all__ = ["Node"]
 

@@ -11,7 +11,7 @@ HTTP API (all under ``/v1`` except metrics; every route but health is authentica
     POST   /v1/admin/leave                start leaving the ring (hand data over, then exit)
     POST   /v1/admin/kill                 exit at once like SIGKILL (drills on a running ring;
                                           403 unless the peer runs with --enable-admin-kill)
-    PUT    /v1/chunks/{id}[?hint=PEER]    store a chunk (body: stored form, see sr3.codec);
+    PUT    /v1/chunks/{id}[?hint=PEER]    store a chunk (body: stored form, see ring.codec);
                                           with a hint, on behalf of an unreachable PEER
     GET    /v1/chunks/{id}                a chunk's stored form, verified before it is sent
     HEAD   /v1/chunks/{id}                200 if present, 404 if not
@@ -51,14 +51,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ring import codec
 from ring.auth import ANY_TARGET, AuthFailure, Verifier
-from ring.gc import REFS_ANSWER_MAX
-from ring.metrics import PeerMetrics
-from ring.node import Node
-from ring.peer_config import PeerConfig
-from ring.records import RECORD_BYTES_MAX, split_envelope, validate_key
-from sr3 import codec
-from sr3.errors import (
+from ring.errors import (
     ChunkCorrupt,
     ChunkTooLarge,
     ProtocolError,
@@ -66,6 +61,11 @@ from sr3.errors import (
     SR3Error,
     StorageFull,
 )
+from ring.gc import REFS_ANSWER_MAX
+from ring.metrics import PeerMetrics
+from ring.node import Node
+from ring.peer_config import PeerConfig
+from ring.records import RECORD_BYTES_MAX, split_envelope, validate_key
 
 __all__ = ["AppExtension", "PeerConfig", "build_app"]
 

@@ -45,7 +45,7 @@ from pathlib import Path
 import xxhash
 
 from ring.chunkstore import write_file_atomic
-from sr3.errors import ProtocolError, RecordConflict
+from ring.errors import ProtocolError, RecordConflict
 
 __all__ = [
     "KEY_PATTERN",

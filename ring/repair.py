@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ring.chunkstore import ChunkStore
+from ring.codec import compact_json
+from ring.errors import ChunkCorrupt, SR3Error
 from ring.hints import HintStore
 from ring.membership import MemberTable
 from ring.placement import Member, Ring
 from ring.ratelimit import ForegroundGate, TokenBucket
 from ring.records import RecordStore
 from ring.repair_plan import plan_chunk, plan_record
-from sr3.codec import compact_json
-from sr3.errors import ChunkCorrupt, SR3Error
-from sr3.transport import Transport
+from ring.transport import Transport
 
 __all__ = ["RepairSettings", "Repairer", "RoundReport"]
 

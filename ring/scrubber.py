@@ -20,13 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ring import codec
 from ring.chunkstore import ChunkStore
+from ring.errors import ChunkCorrupt, SR3Error
 from ring.membership import MemberTable
 from ring.placement import Ring
 from ring.ratelimit import ForegroundGate, TokenBucket
-from sr3 import codec
-from sr3.errors import ChunkCorrupt, SR3Error
-from sr3.transport import Transport
+from ring.transport import Transport
 
 __all__ = ["ScrubStats", "Scrubber"]
 

@@ -68,7 +68,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sr3.errors import SR3Error
+from ring.errors import SR3Error
 
 __all__ = [
     "CheckpointError",

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sr3.blobs import BlobRef
-from sr3.errors import ConfigError, ProtocolError
+from ring.blobs import BlobRef
+from ring.errors import ConfigError, ProtocolError
 
 __all__ = [
     "MANIFEST_FORMAT",

@@ -52,6 +52,13 @@ from prometheus_client import Counter, Gauge
 
 from recovery.executor import RecoveryResult, recover
 from recovery.plan import Topology, parse_topology
+from ring.blobs import BlobRef
+from ring.client import ClientOptions, file_source
+from ring.codec import compact_json
+from ring.config import resolve
+from ring.errors import ConfigError, RecordConflict, SR3Error
+from ring.files import READ_BYTES, fsync_dir
+from ring.sync_client import SyncClient
 from spark_connector.checkpoint import (
     CheckpointError,
     FileEntry,
@@ -66,13 +73,6 @@ from spark_connector.manifest import (
     manifest_key,
     manifests_prefix,
 )
-from sr3.blobs import BlobRef
-from sr3.client import ClientOptions, file_source
-from sr3.codec import compact_json
-from sr3.config import resolve
-from sr3.errors import ConfigError, RecordConflict, SR3Error
-from sr3.files import READ_BYTES, fsync_dir
-from sr3.sync import SyncClient
 
 __all__ = [
     "KEEP_BATCHES_DEFAULT",

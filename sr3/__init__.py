@@ -1,24 +1,56 @@
 """sr3: a replicated ring of storage peers that keeps stream-processing state safe.
 
-Public API::
+This package is the front door: the ``sr3`` command line, the embedded local cluster,
+the demos, and the names users import::
 
     from sr3 import Client, SyncClient, ClientOptions, BlobRef, LocalCluster
+
+The names live in the layers below (``ring`` for the client and errors); they are
+imported on first use, so a peer process started as ``python -m sr3 peer`` loads only
+what the peer needs, not the client or the local cluster.
 """
 
-from sr3.blobs import BlobRef, Extent
-from sr3.client import Client, ClientOptions, RecordValue, RingStatus, Source
-from sr3.errors import (
-    AuthError,
-    ChunkCorrupt,
-    ConfigError,
-    DataUnavailable,
-    NotFound,
-    QuorumError,
-    RecordConflict,
-    SR3Error,
-)
-from sr3.local import LocalCluster
-from sr3.sync import SyncClient
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ring.blobs import BlobRef, Extent
+    from ring.client import Client, ClientOptions, RecordValue, RingStatus, Source
+    from ring.errors import (
+        AuthError,
+        ChunkCorrupt,
+        ConfigError,
+        DataUnavailable,
+        NotFound,
+        QuorumError,
+        RecordConflict,
+        SR3Error,
+    )
+    from ring.sync_client import SyncClient
+    from sr3.local import LocalCluster
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "AuthError": "ring.errors",
+    "BlobRef": "ring.blobs",
+    "ChunkCorrupt": "ring.errors",
+    "Client": "ring.client",
+    "ClientOptions": "ring.client",
+    "ConfigError": "ring.errors",
+    "DataUnavailable": "ring.errors",
+    "Extent": "ring.blobs",
+    "LocalCluster": "sr3.local",
+    "NotFound": "ring.errors",
+    "QuorumError": "ring.errors",
+    "RecordConflict": "ring.errors",
+    "RecordValue": "ring.client",
+    "RingStatus": "ring.client",
+    "SR3Error": "ring.errors",
+    "Source": "ring.client",
+    "SyncClient": "ring.sync_client",
+}
 
 __all__ = [
     "AuthError",
@@ -39,3 +71,16 @@ __all__ = [
     "Source",
     "SyncClient",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sr3' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -42,12 +42,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ring.auth import SECRET_CHARS_MIN, metrics_token
+from ring.client import Client, RingStatus
+from ring.config import ClusterFile, Settings, cluster_file_path, parse_size, resolve, sr3_home
+from ring.errors import ConfigError, SR3Error
 from ring.placement import VNODES_DEFAULT
-from sr3.client import Client, RingStatus
-from sr3.config import ClusterFile, Settings, cluster_file_path, parse_size, resolve, sr3_home
-from sr3.errors import ConfigError, SR3Error
+from ring.sync_client import SyncClient
 from sr3.local import BASE_PORT_DEFAULT, LocalCluster
-from sr3.sync import SyncClient
 
 __all__ = ["main"]
 

@@ -44,10 +44,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ring.client import Client
+from ring.errors import ConfigError, SR3Error
+from ring.files import file_digest
 from spark_connector.sync import StateSync
-from sr3.client import Client
-from sr3.errors import ConfigError, SR3Error
-from sr3.files import file_digest
 from sr3.local import BASE_PORT_DEFAULT, LocalCluster
 from sr3.spark_demo import JobArgs, Output, ResumeResult, Row, read_output, write_inputs
 from sr3.statedata import write_state_file

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from recovery.drill import DrillOptions, DrillReport, run_drill
-from sr3.client import Client
-from sr3.config import Settings
+from ring.client import Client
+from ring.config import Settings
 from sr3.local import LocalCluster
 from sr3.statedata import write_state_file
 

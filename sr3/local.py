@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ring.auth import generate_secret
+from ring.config import ClusterFile, ClusterPeer, cluster_file_path
+from ring.errors import ConfigError, SR3Error
 from ring.placement import VNODES_DEFAULT
-from sr3.config import ClusterFile, ClusterPeer, cluster_file_path
-from sr3.errors import ConfigError, SR3Error
 
 __all__ = ["BASE_PORT_DEFAULT", "LocalCluster", "peer_command", "pick_port"]
 

@@ -33,9 +33,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from ring.config import Settings, resolve
+from ring.errors import ConfigError, SR3Error
 from spark_connector.sync import StateSync
-from sr3.config import Settings, resolve
-from sr3.errors import ConfigError, SR3Error
 
 __all__ = [
     "JobArgs",

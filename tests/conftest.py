@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from support import next_base_port
 
-from sr3.errors import SR3Error
+from ring.errors import SR3Error
 from sr3.local import LocalCluster
 
 SEED_ENV = "SR3_TEST_SEED"

@@ -1,4 +1,4 @@
-"""Unit tests for sr3.blobs: how sources are laid out into chunks, and blob references.
+"""Unit tests for ring.blobs: how sources are laid out into chunks, and blob references.
 
 What must hold: every source byte lands in exactly one piece, pieces of one source come in
 offset order (the client hashes them in that order), small sources are never split across
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sr3 import codec
-from sr3.blobs import BlobRef, Extent, plan_chunks
-from sr3.errors import ProtocolError
+from ring import codec
+from ring.blobs import BlobRef, Extent, plan_chunks
+from ring.errors import ProtocolError
 
 REPLAYABLE = settings(max_examples=200, derandomize=True, database=None, deadline=None)
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ring import codec
 from ring.chunkstore import ChunkStore, write_file_atomic
+from ring.errors import ChunkCorrupt, ChunkError, StorageFull
 from ring.records import RecordStore
-from sr3 import codec
-from sr3.errors import ChunkCorrupt, ChunkError, StorageFull
 from sr3.statedata import state_bytes
 
 # State-like bytes, generated once (the generator builds an 8 MiB pool per seed).

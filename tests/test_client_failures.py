@@ -16,11 +16,11 @@ from aiohttp import web
 from support import HttpProbe, chunk_holders, peer_address
 
 from recovery.executor import recover_blob
-from sr3.blobs import BlobRef
-from sr3.client import Client, ClientOptions
-from sr3.errors import DataUnavailable, NotFound, QuorumError
+from ring.blobs import BlobRef
+from ring.client import Client, ClientOptions
+from ring.errors import DataUnavailable, NotFound, QuorumError
+from ring.sync_client import SyncClient
 from sr3.local import LocalCluster
-from sr3.sync import SyncClient
 
 SMALL_CHUNKS = ClientOptions(chunk_bytes=64 * 1024, pack_below_bytes=16 * 1024)
 

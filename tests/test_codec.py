@@ -1,4 +1,4 @@
-"""Unit tests for sr3.codec: the stored form of a chunk and how it fails.
+"""Unit tests for ring.codec: the stored form of a chunk and how it fails.
 
 What must hold: ``decode(encode(raw)) == raw`` for every codec; a stored chunk that was
 altered in any way (header or payload, one bit or many, truncated or extended) never
@@ -16,8 +16,8 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sr3 import codec
-from sr3.errors import ChunkCorrupt, ChunkTooLarge
+from ring import codec
+from ring.errors import ChunkCorrupt, ChunkTooLarge
 from sr3.statedata import state_bytes
 
 REPLAYABLE = settings(max_examples=60, derandomize=True, database=None, deadline=None)

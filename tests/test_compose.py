@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sr3.client import Client
+from ring.client import Client
 from sr3.local import pick_port
 
 ROOT = Path(__file__).resolve().parent.parent

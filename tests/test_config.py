@@ -1,4 +1,4 @@
-"""Unit tests for sr3.config: sizes, and where the ring and secret come from.
+"""Unit tests for ring.config: sizes, and where the ring and secret come from.
 
 What must hold: sizes parse in SI and binary units and anything else is a ConfigError;
 ring and secret resolve from flags, then ``SR3_RING``/``SR3_SECRET``, then the cluster
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sr3.config import ClusterFile, ClusterPeer, cluster_file_path, parse_size, resolve
-from sr3.errors import ConfigError
+from ring.config import ClusterFile, ClusterPeer, cluster_file_path, parse_size, resolve
+from ring.errors import ConfigError
 
 
 @pytest.mark.parametrize(

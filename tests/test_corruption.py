@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from support import HttpProbe, chunk_file, chunk_holders, metric_value
 
-from sr3 import codec
-from sr3.client import Client
+from ring import codec
+from ring.client import Client
 from sr3.local import LocalCluster
 from sr3.statedata import state_bytes
 
 CORRUPT_METRIC = "sr3_peer_chunks_corrupt_total"
 
-# Byte ranges of the stored form (see sr3.codec) where a bit is flipped.
+# Byte ranges of the stored form (see ring.codec) where a bit is flipped.
 REGIONS: dict[str, tuple[str, int, int | None]] = {
     "header magic": ("zstd", 0, 4),
     "header format version": ("zstd", 4, 5),

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from support import next_base_port
 
+from ring.errors import ConfigError
 from sr3 import demo
 from sr3.demo import SparkDemoOptions, compare_outputs, run_spark_demo
-from sr3.errors import ConfigError
 from sr3.spark_demo import Output, input_rows, read_output, write_inputs
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from sr3.client import Client
-from sr3.errors import PeerRejected
+from ring.client import Client
+from ring.errors import PeerRejected
 from sr3.local import LocalCluster
 from tests.support import next_base_port
 

@@ -20,9 +20,9 @@ import pytest
 import xxhash
 from support import HttpProbe, chunk_holders
 
-from sr3 import codec
-from sr3.blobs import BlobRef
-from sr3.client import Client, ClientOptions, Source
+from ring import codec
+from ring.blobs import BlobRef
+from ring.client import Client, ClientOptions, Source
 from sr3.local import LocalCluster
 from sr3.statedata import state_bytes
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ring.gossip import Gossiper
 from ring.membership import Entry, MemberTable
-from sr3.transport import Transport
+from ring.transport import Transport
 
 SECRET = "s" * 32
 

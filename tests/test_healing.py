@@ -30,13 +30,13 @@ import pytest
 from conftest import SEED, SEED_ENV
 from support import HttpProbe, chunk_file, chunk_holders, metric_value, next_base_port
 
+from ring import codec
 from ring.auth import generate_secret
+from ring.blobs import BlobRef
+from ring.client import BLOB_KEY_PREFIX, Client, ClientOptions
+from ring.errors import SR3Error
 from ring.overlay import DATAGRAM_BYTES_MAX
 from ring.placement import Member, Ring
-from sr3 import codec
-from sr3.blobs import BlobRef
-from sr3.client import BLOB_KEY_PREFIX, Client, ClientOptions
-from sr3.errors import SR3Error
 from sr3.local import LocalCluster, pick_port
 
 MakeCluster = Callable[..., LocalCluster]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ring.errors import ProtocolError
 from ring.membership import Entry, MemberTable, Timeouts
-from sr3.errors import ProtocolError
 
 
 class Clock:

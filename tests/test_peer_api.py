@@ -18,11 +18,11 @@ from collections.abc import Iterator
 import pytest
 from support import HttpProbe, metric_value, peer_address
 
+from ring import codec
 from ring.auth import Signer
+from ring.client import Client
+from ring.errors import AuthError
 from ring.peer import EXISTS_IDS_MAX, REQUEST_BYTES_MAX
-from sr3 import codec
-from sr3.client import Client
-from sr3.errors import AuthError
 from sr3.local import LocalCluster
 
 WRONG_SECRET = "not-the-cluster-secret-0123456789"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ring.errors import ProtocolError, RecordConflict
 from ring.records import KEY_CHARS_MAX, RECORD_BYTES_MAX, RecordStore, validate_key
-from sr3.errors import ProtocolError, RecordConflict
 
 CHUNK_A = "ab" * 16
 

@@ -30,13 +30,13 @@ from recovery.executor import locate, recover, recover_blob
 from recovery.frames import Frame, FrameParser
 from recovery.plan import TOPOLOGIES, Plan, PlanNode, Topology, build_plan
 from recovery.relay import PLAN_BYTES_MAX, ROUTE, parse_plan
-from sr3 import codec
-from sr3.blobs import BlobRef
+from ring import codec
+from ring.blobs import BlobRef
+from ring.client import Client, ClientOptions
+from ring.errors import DataUnavailable, ProtocolError
+from ring.transport import Timeouts
 from sr3.cli import cli
-from sr3.client import Client, ClientOptions
-from sr3.errors import DataUnavailable, ProtocolError
 from sr3.local import LocalCluster
-from sr3.transport import Timeouts
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -29,17 +29,17 @@ from support import HttpProbe, chunk_holders, peer_address
 from test_state_sync import commit_next_batch, materialize
 
 from recovery.executor import recover
+from ring import codec
 from ring.chunkstore import ChunkStore
+from ring.client import Client
 from ring.gc import ChunkCollector, GcSettings
 from ring.membership import Entry, MemberTable, Timeouts
 from ring.records import RecordStore
+from ring.sync_client import SyncClient
+from ring.transport import Transport
 from spark_connector.checkpoint import read_cut
 from spark_connector.sync import StateSync, ring_queries
-from sr3 import codec
-from sr3.client import Client
 from sr3.local import LocalCluster
-from sr3.sync import SyncClient
-from sr3.transport import Transport
 from tests.conftest import MakeCluster
 
 QUIET = ["--scrub-rate", "0", "--repair-interval", "3600"]

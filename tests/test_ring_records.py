@@ -16,8 +16,8 @@ import pytest
 import xxhash
 from support import HttpProbe
 
-from sr3.client import Client
-from sr3.errors import RecordConflict
+from ring.client import Client
+from ring.errors import RecordConflict
 from sr3.local import LocalCluster
 
 

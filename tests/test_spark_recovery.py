@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from support import chunk_holders
 
+from ring.blobs import BlobRef
+from ring.client import ClientOptions, Source
+from ring.sync_client import SyncClient
 from spark_connector.checkpoint import committed_batches, list_checkpoint, read_cut
 from spark_connector.listener import make_listener
 from spark_connector.manifest import Manifest, manifests_prefix
 from spark_connector.sync import StateSync, latest_batch
-from sr3.blobs import BlobRef
-from sr3.client import ClientOptions, Source
 from sr3.local import LocalCluster
-from sr3.sync import SyncClient
 
 if TYPE_CHECKING:
     from tests.conftest import MakeCluster

@@ -20,13 +20,13 @@ import xxhash
 from prometheus_client import REGISTRY
 
 import spark_connector.sync as sync_module
+from ring.blobs import BlobRef, Extent
+from ring.errors import ConfigError, SR3Error
+from ring.sync_client import SyncClient
 from spark_connector.checkpoint import read_cut
 from spark_connector.manifest import ManifestFile
 from spark_connector.sync import StateSync, _Writer
-from sr3.blobs import BlobRef, Extent
-from sr3.errors import ConfigError, SR3Error
 from sr3.local import LocalCluster
-from sr3.sync import SyncClient
 from tests.conftest import MakeCluster
 
 SPARK_CONF = {"spark.sql.shuffle.partitions": "2"}

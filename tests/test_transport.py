@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from sr3.transport import TRANSFER_SAMPLE_BYTES_MIN, Transport
+from ring.transport import TRANSFER_SAMPLE_BYTES_MIN, Transport
 
 BODY_BYTES = 1024 * 1024
 CONCURRENT = 6

@@ -32,7 +32,7 @@ from typing import Any
 import xxhash
 import zstandard
 
-from sr3.errors import ChunkCorrupt, ChunkTooLarge
+from ring.errors import ChunkCorrupt, ChunkTooLarge
 
 __all__ = [
     "CHUNK_BYTES_MAX",

@@ -32,10 +32,9 @@ from typing import Any, TypeVar
 
 import xxhash
 
+from ring import codec
 from ring.auth import SECRET_CHARS_MIN
-from ring.placement import Member, Ring
-from sr3 import codec
-from sr3.blobs import (
+from ring.blobs import (
     CHUNK_BYTES_DEFAULT,
     PACK_BELOW_BYTES_DEFAULT,
     BlobRef,
@@ -43,7 +42,7 @@ from sr3.blobs import (
     Extent,
     plan_chunks,
 )
-from sr3.errors import (
+from ring.errors import (
     ChunkCorrupt,
     ConfigError,
     DataUnavailable,
@@ -56,7 +55,8 @@ from sr3.errors import (
     RecordConflict,
     SR3Error,
 )
-from sr3.transport import Timeouts, Transport
+from ring.placement import Member, Ring
+from ring.transport import Timeouts, Transport
 
 __all__ = [
     "BLOB_KEY_PREFIX",

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sr3.errors import ConfigError
+from ring.errors import ConfigError
 
 __all__ = [
     "CLUSTER_FILE_FORMAT",

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sr3.blobs import BlobRef
-from sr3.client import Client, ClientOptions, Progress, RecordValue, RingStatus, Source
+from ring.blobs import BlobRef
+from ring.client import Client, ClientOptions, Progress, RecordValue, RingStatus, Source
 
 __all__ = ["SyncClient"]
 

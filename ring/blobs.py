@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sr3.codec import CHUNK_BYTES_MAX, is_chunk_id
-from sr3.errors import ProtocolError
+from ring.codec import CHUNK_BYTES_MAX, is_chunk_id
+from ring.errors import ProtocolError
 
 __all__ = [
     "CHUNK_BYTES_DEFAULT",

@@ -3,7 +3,7 @@
 ``Transport.request`` buffers a bounded answer; ``Transport.stream`` hands a long answer
 (a recovery stream) over in pieces as they arrive, never holding more than one piece.
 
-aiohttp and OS errors are translated here into ``sr3.errors``: a peer that cannot be
+aiohttp and OS errors are translated here into ``ring.errors``: a peer that cannot be
 reached (or breaks a stream off) raises ``PeerUnavailable``, an error answer
 ``PeerRejected`` (or ``AuthError`` on 401). Nothing else in the client sees aiohttp
 exceptions.
@@ -25,7 +25,7 @@ from aiohttp.payload import Payload
 from yarl import URL
 
 from ring.auth import ANY_TARGET, Signer
-from sr3.errors import AuthError, PeerRejected, PeerUnavailable, ProtocolError
+from ring.errors import AuthError, PeerRejected, PeerUnavailable, ProtocolError
 
 __all__ = ["BodyStream", "Response", "Timeouts", "Transport"]
 

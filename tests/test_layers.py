@@ -1,0 +1,61 @@
+"""The package layering and the public names users import.
+
+``make lint`` runs import-linter on the layers contract (``ring`` <- ``recovery`` <-
+``spark_connector`` <- ``sr3``); these tests check what it cannot: that the front door
+exports exactly the public API, and that a peer process does not load the client or
+the local cluster it never uses.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import sr3
+
+PUBLIC = {
+    "AuthError",
+    "BlobRef",
+    "ChunkCorrupt",
+    "Client",
+    "ClientOptions",
+    "ConfigError",
+    "DataUnavailable",
+    "Extent",
+    "LocalCluster",
+    "NotFound",
+    "QuorumError",
+    "RecordConflict",
+    "RecordValue",
+    "RingStatus",
+    "SR3Error",
+    "Source",
+    "SyncClient",
+}
+
+
+def test_sr3_exports_exactly_the_public_api_and_each_name_resolves() -> None:
+    assert set(sr3.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert getattr(sr3, name).__name__ == name
+
+
+def test_sr3_refuses_an_unknown_name() -> None:
+    try:
+        sr3.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("sr3.NoSuchThing resolved")
+
+
+def test_the_peer_program_does_not_load_the_client_or_the_local_cluster() -> None:
+    probe = (
+        "import sys, sr3.cli; "
+        "print(sorted(m for m in ('ring.client', 'sr3.local', 'spark_connector', "
+        "'recovery.executor') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == "[]", out
