@@ -37,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ring import api
 from ring.client import Client, RingStatus
 from ring.config import parse_size
 from sr3.local import LocalCluster
@@ -63,7 +64,8 @@ async def _totals(client: Client) -> tuple[RingStatus, int, int]:
     for peer in status.peers:
         if peer.state != "up":
             continue
-        info = (await client._transport.request(peer.address, "GET", "/v1/info")).json()
+        route = api.INFO
+        info = (await client.transport.request(peer.address, route.method, route.pattern)).json()
         pushed += int(info["repair"]["bytes_pushed_total"])
     return status, stored, pushed
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
 import os
 import time
@@ -39,13 +38,11 @@ from recovery.auto import choose_for, measured
 from recovery.cost import Network
 from recovery.frames import Frame, FrameParser
 from recovery.plan import ChunkSpec, Plan, PlanNode, Topology, build_plan, parse_topology
-from recovery.relay import ROUTE
-from ring import codec
+from ring import api, codec
 from ring.blobs import BlobRef
 from ring.client import Client
 from ring.errors import AuthError, ChunkCorrupt, DataUnavailable, PeerError, ProtocolError
 from ring.files import fsync_dir
-from ring.peer import EXISTS_IDS_MAX
 from ring.placement import Member
 from ring.ratelimit import TokenBucket
 
@@ -124,26 +121,18 @@ async def _held_by_members(
 async def _held_by(client: Client, member: Member, ids: Sequence[str]) -> dict[str, int]:
     """Chunk id -> stored bytes of the chunks ``member`` holds; empty if unreachable."""
     held: dict[str, int] = {}
-    for start in range(0, len(ids), EXISTS_IDS_MAX):
-        body = json.dumps({"ids": list(ids[start : start + EXISTS_IDS_MAX]), "sizes": True})
+    route = api.CHUNKS_EXIST
+    for start in range(0, len(ids), api.EXISTS_IDS_MAX):
+        body = api.exists_request(ids[start : start + api.EXISTS_IDS_MAX], sizes=True)
         try:
             answer = await client.transport.request(
-                member.address, "POST", "/v1/chunks/exists", body=body.encode()
+                member.address, route.method, route.pattern, body=body
             )
-            held.update(_parse_held(answer.json()))
+            held.update(api.parse_exists_answer(answer.json()))
         except (PeerError, ProtocolError, AuthError) as exc:
             log.info("locate: skipping %s: %s", member.peer_id, exc)
             return {}
     return held
-
-
-def _parse_held(answer: Any) -> dict[str, int]:
-    try:
-        present = [str(item) for item in answer["present"]]
-        sizes: Mapping[str, Any] = answer.get("stored_bytes") or {}
-        return {chunk_id: int(sizes.get(chunk_id, 0)) for chunk_id in present}
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProtocolError(f"malformed exists answer: {exc!r}") from exc
 
 
 # -- recovering -----------------------------------------------------------------------------
@@ -278,7 +267,9 @@ class _Run:
         body = codec.compact_json(root.to_json())
         expected = frozenset(root.chunk_ids())
         parser = FrameParser()
-        async with self.client.transport.stream(address, "POST", ROUTE, body=body) as pieces:
+        async with self.client.transport.stream(
+            address, api.RECOVERY_STREAM.method, api.RECOVERY_STREAM.pattern, body=body
+        ) as pieces:
             async for piece in pieces:
                 await self._take(len(piece))
                 for frame in parser.feed(piece):

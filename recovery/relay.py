@@ -35,15 +35,14 @@ from aiohttp import web
 from recovery import frames
 from recovery.frames import Frame, FrameParser
 from recovery.plan import PLAN_NODES_MAX, PlanNode
-from ring import codec
+from ring import api, codec
 from ring.errors import AuthError, ChunkCorrupt, PeerError, PeerUnavailable, ProtocolError
 from ring.node import Node
+from ring.replicas import read_from_replicas
 
 __all__ = [
-    "CONTENT_TYPE",
     "PLAN_BYTES_MAX",
     "QUEUE_FRAMES_MAX",
-    "ROUTE",
     "STREAMS_MAX",
     "Relay",
     "install",
@@ -52,8 +51,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ROUTE = "/v1/recovery/stream"
-CONTENT_TYPE = "application/x-sr3-frames"
+ROUTE = api.RECOVERY_STREAM
 PLAN_BYTES_MAX = 4 * 1024 * 1024
 # Frames waiting between the producers and the response writer.
 QUEUE_FRAMES_MAX = 4
@@ -69,7 +67,7 @@ _UPSTREAM_FAILURES = (PeerError, ProtocolError, AuthError)
 
 def install(app: web.Application, node: Node) -> None:
     """Add ``POST /v1/recovery/stream`` to a peer's application."""
-    app.router.add_post(ROUTE, Relay(node).handle)
+    app.router.add_route(ROUTE.method, ROUTE.pattern, Relay(node).handle)
 
 
 def parse_plan(body: bytes, me: str) -> PlanNode:
@@ -114,7 +112,7 @@ class Relay:
 
     async def _serve(self, request: web.Request, plan: PlanNode) -> web.StreamResponse:
         await self.node.emulate_latency()
-        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
+        response = web.StreamResponse(headers={"Content-Type": api.CONTENT_TYPE_FRAMES})
         await response.prepare(request)
         try:
             await _Stream(self.node, plan).run(response)
@@ -202,7 +200,9 @@ class _Stream:
         body = codec.compact_json(upstream.to_json())
         expected = frozenset(upstream.chunk_ids())
         parser = FrameParser()
-        async with self.node.data_transport.stream(address, "POST", ROUTE, body=body) as pieces:
+        async with self.node.data_transport.stream(
+            address, ROUTE.method, ROUTE.pattern, body=body
+        ) as pieces:
             async for piece in pieces:
                 for frame in parser.feed(piece):
                     await self._forward(frame, expected, forwarded)
@@ -258,25 +258,20 @@ class _Stream:
             stored = await self._read_local(chunk_id)
             if stored is not None:
                 return stored, []
-        causes: list[str] = []
         live = self.node.table.live()
-        for member in self.node.ring().candidates(chunk_id, self.node.config.replication):
-            if member.peer_id == self.me or member.peer_id in self.failed:
-                continue
-            if member.peer_id not in live:
-                continue
-            try:
-                return await self._get_chunk(member.address, chunk_id), causes
-            except PeerUnavailable as exc:
-                self.failed.add(member.peer_id)
-                causes.append(str(exc))
-            except (PeerError, AuthError, ProtocolError, ChunkCorrupt) as exc:
-                causes.append(str(exc))
-        return None, causes
-
-    async def _get_chunk(self, address: str, chunk_id: str) -> bytes:
-        answer = await self.node.data_transport.request(
-            address, "GET", f"/v1/chunks/{chunk_id}", body_bytes_max=codec.STORED_BYTES_MAX
+        replicas = [
+            member
+            for member in self.node.ring().candidates(chunk_id, self.node.config.replication)
+            if member.peer_id != self.me
+            and member.peer_id not in self.failed
+            and member.peer_id in live
+        ]
+        read = await read_from_replicas(
+            self.node.data_transport,
+            replicas,
+            chunk_id,
+            check="checksum",
+            tolerated=(*_UPSTREAM_FAILURES, ChunkCorrupt),
+            on_unreachable=lambda member: self.failed.add(member.peer_id),
         )
-        codec.verify_stored(answer.body, chunk_id)
-        return answer.body
+        return read.data, read.causes

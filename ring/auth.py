@@ -33,6 +33,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
+from ring.api import (
+    HEADER_AUTHORIZATION,
+    HEADER_CONTENT_SHA256,
+    HEADER_NONCE,
+    HEADER_TARGET,
+    HEADER_TIMESTAMP,
+)
+
 __all__ = [
     "ANY_TARGET",
     "HEADER_AUTHORIZATION",
@@ -51,11 +59,6 @@ __all__ = [
 ]
 
 SCHEME = "SR3-HMAC-SHA256"
-HEADER_AUTHORIZATION = "Authorization"
-HEADER_TIMESTAMP = "X-SR3-Timestamp"
-HEADER_NONCE = "X-SR3-Nonce"
-HEADER_CONTENT_SHA256 = "X-SR3-Content-SHA256"
-HEADER_TARGET = "X-SR3-Target"
 ANY_TARGET = "*"
 TARGET_CHARS_MAX = 300
 SKEW_S_MAX = 120

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ring import api
 from ring.chunkstore import ChunkStore
 from ring.errors import SR3Error
 from ring.membership import MemberTable
@@ -47,18 +48,13 @@ from ring.transport import Transport
 __all__ = [
     "GC_GRACE_S_DEFAULT",
     "GC_INTERVAL_S_DEFAULT",
-    "REFS_ANSWER_MAX",
     "ChunkCollector",
     "GcReport",
     "GcSettings",
-    "decode_refs",
 ]
 
 log = logging.getLogger(__name__)
 
-# GET /v1/refs answers at most this many chunk ids (16 bytes each: 64 MiB).
-REFS_ANSWER_MAX = 4 * 1024 * 1024
-REF_BYTES = 16
 GC_INTERVAL_S_DEFAULT = 300.0
 GC_GRACE_S_DEFAULT = 3600.0
 
@@ -82,12 +78,6 @@ class GcReport:
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
-
-
-def decode_refs(body: bytes) -> set[str]:
-    if len(body) % REF_BYTES:
-        raise SR3Error(f"a refs answer of {len(body)} bytes is not a list of 16-byte ids")
-    return {body[at : at + REF_BYTES].hex() for at in range(0, len(body), REF_BYTES)}
 
 
 class ChunkCollector:
@@ -157,10 +147,11 @@ class ChunkCollector:
         return referenced
 
     async def _refs_of(self, address: str) -> set[str]:
+        route = api.REFS
         answer = await self._transport.request(
-            address, "GET", "/v1/refs", body_bytes_max=REFS_ANSWER_MAX * REF_BYTES
+            address, route.method, route.pattern, body_bytes_max=api.REFS_ANSWER_MAX * api.REF_BYTES
         )
-        return decode_refs(answer.body)
+        return api.parse_refs(answer.body)
 
     async def _sweep(self, referenced: set[str], report: GcReport) -> None:
         now = self._clock()

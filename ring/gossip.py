@@ -20,6 +20,7 @@ import random
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
+from ring import api
 from ring.codec import compact_json
 from ring.errors import ProtocolError, SR3Error
 from ring.membership import MEMBERS_MAX, Entry, MemberTable
@@ -91,8 +92,8 @@ class Gossiper:
             async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
                 answer = await self._transport.request(
                     address,
-                    "POST",
-                    "/v1/gossip",
+                    api.GOSSIP.method,
+                    api.GOSSIP.pattern,
                     body=compact_json(encode_table(self.table)),
                     any_target=True,
                 )

@@ -1,34 +1,11 @@
 """The storage peer: one aiohttp application per process.
 
-HTTP API (all under ``/v1`` except metrics; every route but health is authenticated, see
-``ring.auth``; errors are JSON ``{"error": code, "message": text}``):
-
-    GET    /v1/health                     liveness, unauthenticated
-    GET    /v1/info                       peer id, address, zone, stored bytes, chunk count
-    GET    /v1/ring                       placement members with their state, R, W and vnodes
-    GET    /v1/members                    the whole member table with each peer's liveness
-    POST   /v1/gossip                     {"members": [...]} -> our table (heartbeats)
-    POST   /v1/admin/leave                start leaving the ring (hand data over, then exit)
-    POST   /v1/admin/kill                 exit at once like SIGKILL (drills on a running ring;
-                                          403 unless the peer runs with --enable-admin-kill)
-    PUT    /v1/chunks/{id}[?hint=PEER]    store a chunk (body: stored form, see ring.codec);
-                                          with a hint, on behalf of an unreachable PEER
-    GET    /v1/chunks/{id}                a chunk's stored form, verified before it is sent
-    HEAD   /v1/chunks/{id}                200 if present, 404 if not
-    POST   /v1/chunks/exists              {"ids": [...]} -> {"present": [...]}; with
-                                          "sizes": true also {"stored_bytes": {id: n}}
-    GET    /v1/records?prefix=P&limit=N[&deleted=1]   record keys and versions (and tombstones)
-    GET    /v1/records/{key}              value as body, version in X-SR3-Version
-    POST   /v1/records/versions           {"keys": [...]} -> {"versions": {key: n}}
-    PUT    /v1/records/{key}?expected_version=N[&refs=K]  compare-and-set, 409 if stale
-    PUT    /v1/records/{key}?version=N[&refs=K]           repair copy, kept if newer
-    DELETE /v1/records/{key}?expected_version=N    tombstone as N+1 (404 "deleted" on GET)
-    PUT    /v1/records/{key}?version=N&deleted=1   repair copy of a tombstone
-    GET    /v1/refs                       chunk ids live records here reference (16 B each)
-    GET    /metrics                       Prometheus text (signed, or the metrics bearer token)
+The routes, headers, limits and body shapes are the wire contract in ``ring.api``; this
+module is their server side: every route but health is authenticated (``ring.auth``),
+and errors are JSON ``{"error": code, "message": text}``.
 
 Extensions add routes from outside ``ring`` (``build_app(node, extensions)``), behind the
-same authentication; ``sr3 peer`` installs ``POST /v1/recovery/stream`` from
+same authentication; ``sr3 peer`` installs ``api.RECOVERY_STREAM`` from
 ``recovery.relay``.
 
 Network emulation (``--egress-rate``, ``--added-latency``): chunk reads wait the added
@@ -39,7 +16,6 @@ The peer never crashes on input: every handler error becomes a 4xx or 5xx JSON a
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -51,7 +27,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ring import codec
+from ring import api, codec
+from ring.api import Route
 from ring.auth import ANY_TARGET, AuthFailure, Verifier
 from ring.errors import (
     ChunkCorrupt,
@@ -61,23 +38,14 @@ from ring.errors import (
     SR3Error,
     StorageFull,
 )
-from ring.gc import REFS_ANSWER_MAX
 from ring.metrics import PeerMetrics
 from ring.node import Node
 from ring.peer_config import PeerConfig
-from ring.records import RECORD_BYTES_MAX, split_envelope, validate_key
+from ring.records import validate_key
 
 __all__ = ["AppExtension", "PeerConfig", "build_app"]
 
 log = logging.getLogger(__name__)
-
-VERSION_HEADER = "X-SR3-Version"
-REFS_HEADER = "X-SR3-Refs"
-EXISTS_IDS_MAX = 10_000
-LIST_LIMIT_MAX = 10_000
-REQUEST_BYTES_MAX = max(codec.STORED_BYTES_MAX, RECORD_BYTES_MAX + 1024)
-HEADER_LINE_BYTES_MAX = 8190
-HEADERS_MAX = 64
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Adds routes to a peer's application (they pass through ``Peer.guard``).
@@ -85,8 +53,7 @@ AppExtension = Callable[[web.Application, Node], None]
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
-    body = {"error": code, "message": message, **extra}
-    return web.json_response(body, status=status)
+    return web.json_response(api.error_body(code, message, **extra), status=status)
 
 
 def _translate(exc: Exception) -> web.Response:
@@ -200,14 +167,15 @@ class Peer:
         return response
 
     async def _authenticate(self, request: web.Request) -> None:
-        if request.path == "/v1/health":
+        if request.path == api.HEALTH.pattern:
             return
-        if request.path == "/metrics" and self.verifier.verify_metrics_bearer(request.headers):
+        metrics = request.path == api.METRICS.pattern
+        if metrics and self.verifier.verify_metrics_bearer(request.headers):
             return
         # The signature is checked before the body is read: a stranger cannot make the
         # peer buffer a body.
         targets = self.addresses
-        if (request.method, request.path) in _ANY_TARGET_ROUTES:
+        if Route(request.method, request.path) in api.ANY_TARGET_ROUTES:
             targets = self.addresses | {ANY_TARGET}
         digest = self.verifier.verify_headers(
             request.method, request.raw_path, request.headers, targets
@@ -273,23 +241,17 @@ class Peer:
             return _error(503, "not_ready", "this peer is still learning the member table")
         config = self.config
         states = self.node.table.states()
-        return web.json_response(
-            {
-                "members": [
-                    {
-                        "peer_id": m.peer_id,
-                        "address": m.address,
-                        "zone": m.zone,
-                        "state": states[m.peer_id],
-                    }
-                    for m in self.node.table.placement()
-                ],
-                "replication": config.replication,
-                "write_quorum": config.write_quorum,
-                "vnodes": config.vnodes,
-                "zone_aware": config.zone_aware,
-            }
+        description = api.RingDescription(
+            tuple(
+                api.MemberState(m.peer_id, m.address, m.zone, states[m.peer_id])
+                for m in self.node.table.placement()
+            ),
+            config.replication,
+            config.write_quorum,
+            config.vnodes,
+            config.zone_aware,
         )
+        return web.json_response(description.to_json())
 
     async def members(self, request: web.Request) -> web.Response:
         table = self.node.table
@@ -303,7 +265,7 @@ class Peer:
         )
 
     async def gossip(self, request: web.Request) -> web.Response:
-        answer = self.node.gossiper.receive(_json_body(await request.read()))
+        answer = self.node.gossiper.receive(api.parse_json_object(await request.read()))
         return web.json_response(answer)
 
     async def leave(self, request: web.Request) -> web.Response:
@@ -369,18 +331,13 @@ class Peer:
         size = self.chunks.stored_size(self._chunk_id(request))
         if size is None:
             return web.Response(status=404)
-        return web.Response(status=200, headers={"X-SR3-Stored-Bytes": str(size)})
+        return web.Response(status=200, headers={api.HEADER_STORED_BYTES: str(size)})
 
     async def chunks_exist(self, request: web.Request) -> web.Response:
-        query = _json_body(await request.read())
-        ids = query.get("ids")
-        if not isinstance(ids, list) or len(ids) > EXISTS_IDS_MAX:
-            raise ProtocolError(f"'ids' must be a list of at most {EXISTS_IDS_MAX} chunk ids")
-        if not all(isinstance(item, str) and codec.is_chunk_id(item) for item in ids):
-            raise ProtocolError("every id must be 32 lowercase hex digits")
+        ids, with_sizes = api.parse_exists_request(await request.read())
         present = [item for item in ids if self.chunks.has(item)]
         answer: dict[str, Any] = {"present": present}
-        if query.get("sizes") is True:
+        if with_sizes:
             sizes = {item: self.chunks.stored_size(item) for item in present}
             answer["stored_bytes"] = {i: n for i, n in sizes.items() if n is not None}
         return web.json_response(answer)
@@ -389,9 +346,9 @@ class Peer:
 
     async def list_records(self, request: web.Request) -> web.Response:
         prefix = request.query.get("prefix", "")
-        limit = _int_query(request, "limit", LIST_LIMIT_MAX)
-        if not 0 < limit <= LIST_LIMIT_MAX:
-            raise ProtocolError(f"limit must be between 1 and {LIST_LIMIT_MAX}")
+        limit = _int_query(request, "limit", api.LIST_LIMIT_MAX)
+        if not 0 < limit <= api.LIST_LIMIT_MAX:
+            raise ProtocolError(f"limit must be between 1 and {api.LIST_LIMIT_MAX}")
         entries = self.records.list(prefix, limit, include_deleted=_flag_query(request, "deleted"))
         return web.json_response(
             {
@@ -403,10 +360,8 @@ class Peer:
         )
 
     async def record_versions(self, request: web.Request) -> web.Response:
-        keys = _json_body(await request.read()).get("keys")
-        if not isinstance(keys, list) or len(keys) > LIST_LIMIT_MAX:
-            raise ProtocolError(f"'keys' must be a list of at most {LIST_LIMIT_MAX} keys")
-        versions = {validate_key(str(key)): self.records.version(str(key)) for key in keys}
+        keys = api.parse_keys_request(await request.read())
+        versions = {validate_key(key): self.records.version(key) for key in keys}
         return web.json_response({"versions": versions})
 
     async def get_record(self, request: web.Request) -> web.Response:
@@ -419,13 +374,16 @@ class Peer:
         return web.Response(
             body=record.value,
             content_type="application/octet-stream",
-            headers={VERSION_HEADER: str(record.version), REFS_HEADER: str(len(record.refs))},
+            headers={
+                api.HEADER_VERSION: str(record.version),
+                api.HEADER_REFS: str(len(record.refs)),
+            },
         )
 
     async def put_record(self, request: web.Request) -> web.Response:
         key = validate_key(request.match_info["key"])
         refs_count = _int_query(request, "refs", 0)
-        value, refs = split_envelope(await request.read(), refs_count)
+        value, refs = api.split_record_envelope(await request.read(), refs_count)
         if "version" in request.query:
             version = _int_query(request, "version", None)
             stored = await self.records.put_repair(
@@ -444,73 +402,54 @@ class Peer:
 
     async def referenced_chunks(self, _request: web.Request) -> web.Response:
         refs = self.records.referenced()
-        if len(refs) > REFS_ANSWER_MAX:
-            raise ProtocolError(f"more than {REFS_ANSWER_MAX} referenced chunks to list")
+        if len(refs) > api.REFS_ANSWER_MAX:
+            raise ProtocolError(f"more than {api.REFS_ANSWER_MAX} referenced chunks to list")
         return web.Response(
-            body=b"".join(bytes.fromhex(ref) for ref in sorted(refs)),
+            body=api.refs_body(refs),
             content_type="application/octet-stream",
         )
 
 
-# Routes a request may reach with the target "*": a client asks a seed for the member
-# table before it knows the seed's advertised address, and a joining peer gossips with
-# overlay contacts it knows only by IP. Both are idempotent and change no stored data.
-_ANY_TARGET_ROUTES = frozenset({("GET", "/v1/ring"), ("POST", "/v1/gossip")})
-
-
 def _int_query(request: web.Request, name: str, default: int | None) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        if default is None:
-            raise ProtocolError(f"query parameter {name!r} is required")
-        return default
-    if not raw.isdigit() or len(raw) > 18:
-        raise ProtocolError(f"query parameter {name!r} must be a non-negative integer")
-    return int(raw)
+    return api.parse_int(request.query.get(name), name, default)
 
 
 def _flag_query(request: web.Request, name: str) -> bool:
-    """An optional 0/1 query parameter (absent: 0)."""
-    raw = request.query.get(name, "0")
-    if raw not in ("0", "1"):
-        raise ProtocolError(f"query parameter {name!r} must be 0 or 1")
-    return raw == "1"
-
-
-def _json_body(body: bytes) -> dict[str, Any]:
-    try:
-        parsed = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(parsed, dict):
-        raise ProtocolError("request body must be a JSON object")
-    return parsed
+    return api.parse_flag(request.query.get(name), name)
 
 
 def build_app(node: Node, extensions: Sequence[AppExtension] = ()) -> web.Application:
     """The HTTP application of an opened ``Node``, with the routes ``extensions`` add."""
     peer = Peer(node)
-    app = web.Application(middlewares=[peer.guard], client_max_size=REQUEST_BYTES_MAX)
+    app = web.Application(middlewares=[peer.guard], client_max_size=api.REQUEST_BYTES_MAX)
     app["peer"] = peer
-    router = app.router
-    router.add_get("/v1/health", peer.health)
-    router.add_get("/v1/info", peer.info)
-    router.add_get("/v1/ring", peer.ring)
-    router.add_get("/v1/members", peer.members)
-    router.add_post("/v1/gossip", peer.gossip)
-    router.add_post("/v1/admin/leave", peer.leave)
-    router.add_post("/v1/admin/kill", peer.kill)
-    router.add_get("/metrics", peer.metrics_text)
-    router.add_put("/v1/chunks/{chunk_id}", peer.put_chunk)
-    router.add_get("/v1/chunks/{chunk_id}", peer.get_chunk, allow_head=False)
-    router.add_head("/v1/chunks/{chunk_id}", peer.head_chunk)
-    router.add_post("/v1/chunks/exists", peer.chunks_exist)
-    router.add_get("/v1/records", peer.list_records)
-    router.add_post("/v1/records/versions", peer.record_versions)
-    router.add_get("/v1/records/{key:.+}", peer.get_record)
-    router.add_put("/v1/records/{key:.+}", peer.put_record)
-    router.add_delete("/v1/records/{key:.+}", peer.delete_record)
-    router.add_get("/v1/refs", peer.referenced_chunks)
+    routes: dict[Route, Handler] = {
+        api.HEALTH: peer.health,
+        api.INFO: peer.info,
+        api.RING: peer.ring,
+        api.MEMBERS: peer.members,
+        api.GOSSIP: peer.gossip,
+        api.ADMIN_LEAVE: peer.leave,
+        api.ADMIN_KILL: peer.kill,
+        api.METRICS: peer.metrics_text,
+        api.CHUNK_PUT: peer.put_chunk,
+        api.CHUNK_GET: peer.get_chunk,
+        api.CHUNK_HEAD: peer.head_chunk,
+        api.CHUNKS_EXIST: peer.chunks_exist,
+        api.RECORDS_LIST: peer.list_records,
+        api.RECORD_VERSIONS: peer.record_versions,
+        api.RECORD_GET: peer.get_record,
+        api.RECORD_PUT: peer.put_record,
+        api.RECORD_DELETE: peer.delete_record,
+        api.REFS: peer.referenced_chunks,
+    }
+    for route, handler in routes.items():
+        if route.method == "GET":
+            # GET routes answer HEAD too, unless HEAD has a handler of its own.
+            has_head = Route("HEAD", route.pattern) in routes
+            app.router.add_get(route.pattern, handler, allow_head=not has_head)
+        else:
+            app.router.add_route(route.method, route.pattern, handler)
     for extension in extensions:
         extension(app, node)
     return app
@@ -519,7 +458,7 @@ def build_app(node: Node, extensions: Sequence[AppExtension] = ()) -> web.Applic
 def runner_options() -> dict[str, Any]:
     """Bounds on the HTTP parser: request line, header sizes and count."""
     return {
-        "max_line_size": HEADER_LINE_BYTES_MAX,
-        "max_field_size": HEADER_LINE_BYTES_MAX,
-        "max_headers": HEADERS_MAX,
+        "max_line_size": api.HEADER_LINE_BYTES_MAX,
+        "max_field_size": api.HEADER_LINE_BYTES_MAX,
+        "max_headers": api.HEADERS_MAX,
     }

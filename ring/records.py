@@ -44,6 +44,8 @@ from pathlib import Path
 
 import xxhash
 
+from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, record_envelope
+from ring.api import split_record_envelope as split_envelope
 from ring.chunkstore import write_file_atomic
 from ring.errors import ProtocolError, RecordConflict
 
@@ -61,9 +63,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAGIC = b"SR3R"
-RECORD_BYTES_MAX = 4 * 1024 * 1024
-REFS_MAX = 65_536
-REF_BYTES = 16
 KEY_CHARS_MAX = 512
 TOMBSTONE_TTL_S_DEFAULT = 7 * 24 * 3600.0
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]*$")
@@ -91,17 +90,8 @@ class Record:
         return b"".join(bytes.fromhex(ref) for ref in self.refs)
 
     def envelope(self) -> bytes:
-        """The wire form of a write: refs, then value (``?refs=len(refs)``)."""
-        return self.refs_bytes() + self.value
-
-
-def split_envelope(body: bytes, refs_count: int) -> tuple[bytes, tuple[str, ...]]:
-    """Split a write's body into ``(value, refs)``."""
-    if not 0 <= refs_count <= REFS_MAX or len(body) < refs_count * REF_BYTES:
-        raise ProtocolError(f"refs must be 0..{REFS_MAX} ids of {REF_BYTES} bytes before the value")
-    cut = refs_count * REF_BYTES
-    refs = tuple(body[offset : offset + REF_BYTES].hex() for offset in range(0, cut, REF_BYTES))
-    return body[cut:], refs
+        """The wire form of a write (``ring.api.record_envelope``; ``?refs=len(refs)``)."""
+        return record_envelope(self.refs, self.value)
 
 
 def validate_key(key: str) -> str:

@@ -27,8 +27,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ring import api
 from ring.chunkstore import ChunkStore
-from ring.codec import compact_json
 from ring.errors import ChunkCorrupt, SR3Error
 from ring.hints import HintStore
 from ring.membership import MemberTable
@@ -42,7 +42,7 @@ __all__ = ["RepairSettings", "Repairer", "RoundReport"]
 
 log = logging.getLogger(__name__)
 
-BATCH_IDS_MAX = 10_000
+BATCH_IDS_MAX = api.EXISTS_IDS_MAX
 PUSH_BATCH_MAX = 64
 
 
@@ -148,9 +148,12 @@ class Repairer:
             batch = ids[start : start + BATCH_IDS_MAX]
             try:
                 answer = await self._transport.request(
-                    member.address, "POST", "/v1/chunks/exists", body=compact_json({"ids": batch})
+                    member.address,
+                    api.CHUNKS_EXIST.method,
+                    api.CHUNKS_EXIST.pattern,
+                    body=api.exists_request(batch),
                 )
-                present.update(str(item) for item in answer.json()["present"])
+                present.update(api.parse_exists_answer(answer.json()))
             except (SR3Error, KeyError, TypeError) as exc:
                 log.info("repair: %s did not say which chunks it holds: %s", member.peer_id, exc)
                 return None
@@ -199,7 +202,7 @@ class Repairer:
             await self._bucket.acquire(len(stored))
             try:
                 await self._transport.request(
-                    member.address, "PUT", f"/v1/chunks/{chunk_id}", body=stored
+                    member.address, api.CHUNK_PUT.method, api.chunk_path(chunk_id), body=stored
                 )
             except SR3Error as exc:
                 log.info("repair: pushing %s to %s failed: %s", chunk_id, member.peer_id, exc)
@@ -256,9 +259,12 @@ class Repairer:
     async def _versions(self, member: Member, keys: list[str]) -> dict[str, int] | None:
         try:
             answer = await self._transport.request(
-                member.address, "POST", "/v1/records/versions", body=compact_json({"keys": keys})
+                member.address,
+                api.RECORD_VERSIONS.method,
+                api.RECORD_VERSIONS.pattern,
+                body=api.versions_request(keys),
             )
-            return {str(key): int(version) for key, version in answer.json()["versions"].items()}
+            return api.parse_versions_answer(answer.json())
         except (SR3Error, KeyError, TypeError, ValueError, AttributeError) as exc:
             log.info("repair: %s did not give record versions: %s", member.peer_id, exc)
             return None
@@ -304,9 +310,10 @@ class Repairer:
         try:
             await self._transport.request(
                 member.address,
-                "PUT",
-                f"/v1/records/{key}?version={record.version}&refs={len(record.refs)}"
-                f"&deleted={int(record.deleted)}",
+                api.RECORD_PUT.method,
+                api.record_repair_path(
+                    key, record.version, len(record.refs), deleted=record.deleted
+                ),
                 body=record.envelope(),
             )
         except SR3Error as exc:

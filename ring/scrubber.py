@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ring import codec
 from ring.chunkstore import ChunkStore
 from ring.errors import ChunkCorrupt, SR3Error
 from ring.membership import MemberTable
 from ring.placement import Ring
 from ring.ratelimit import ForegroundGate, TokenBucket
+from ring.replicas import read_from_replicas
 from ring.transport import Transport
 
 __all__ = ["ScrubStats", "Scrubber"]
@@ -103,22 +103,25 @@ class Scrubber:
     async def restore(self, chunk_id: str) -> bool:
         """Fetch a good copy of ``chunk_id`` from a live replica and store it again."""
         live = self.table.live()
-        for member in self._ring().candidates(chunk_id, self._replication):
-            if member.peer_id == self.me or member.peer_id not in live:
-                continue
-            try:
-                answer = await self._transport.request(
-                    member.address,
-                    "GET",
-                    f"/v1/chunks/{chunk_id}",
-                    body_bytes_max=codec.STORED_BYTES_MAX,
-                )
-                await asyncio.to_thread(codec.decode_view, answer.body, chunk_id)
-                await self.chunks.put(chunk_id, answer.body)
-            except SR3Error as exc:
-                log.info("scrubber: %s could not give %s: %s", member.peer_id, chunk_id, exc)
-                continue
-            log.warning("scrubber: restored corrupt chunk %s from %s", chunk_id, member.peer_id)
+        replicas = [
+            member
+            for member in self._ring().candidates(chunk_id, self._replication)
+            if member.peer_id != self.me and member.peer_id in live
+        ]
+        read = await read_from_replicas(
+            self._transport,
+            replicas,
+            chunk_id,
+            check="content",
+            tolerated=(SR3Error,),
+            store=lambda stored: self.chunks.put(chunk_id, stored),
+        )
+        for cause in read.causes:
+            log.info("scrubber: a replica could not give %s: %s", chunk_id, cause)
+        if read.holder is not None:
+            log.warning(
+                "scrubber: restored corrupt chunk %s from %s", chunk_id, read.holder.peer_id
+            )
             self.stats.repaired += 1
             return True
         log.error("scrubber: no live replica has a good copy of %s", chunk_id)

@@ -24,6 +24,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 from yarl import URL
 
+from ring import api
 from ring.auth import ANY_TARGET, Signer
 from ring.errors import AuthError, PeerRejected, PeerUnavailable, ProtocolError
 
@@ -320,14 +321,7 @@ async def _read_error(answer: aiohttp.ClientResponse, address: str, what: str) -
 
 
 def _rejection(address: str, response: Response) -> Exception:
-    code, message = "error", response.body[:200].decode("utf-8", "replace")
-    version = 0
-    try:
-        parsed = json.loads(response.body)
-        code, message = str(parsed.get("error", code)), str(parsed.get("message", message))
-        version = int(parsed.get("version", parsed.get("current_version", 0)))
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, ValueError):
-        pass
+    error = api.parse_error(response.body)
     if response.status == 401:
-        return AuthError(f"{address} refused our credentials: {message}")
-    return PeerRejected(address, response.status, code, message, version)
+        return AuthError(f"{address} refused our credentials: {error.message}")
+    return PeerRejected(address, response.status, error.code, error.message, error.version)

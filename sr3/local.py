@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ring import api
 from ring.auth import generate_secret
 from ring.config import ClusterFile, ClusterPeer, cluster_file_path
 from ring.errors import ConfigError, SR3Error
@@ -82,7 +83,7 @@ def _healthy(address: str, members: int | None = None) -> bool:
     """True once the peer answers and has learned the member table (it is ready), and,
     given ``members``, once its table places that many members."""
     try:
-        with urllib.request.urlopen(f"http://{address}/v1/health", timeout=0.5) as answer:
+        with urllib.request.urlopen(f"http://{address}{api.HEALTH.pattern}", timeout=0.5) as answer:
             health = json.loads(answer.read())
     except (urllib.error.URLError, OSError, ValueError):
         return False

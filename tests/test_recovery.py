@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import SEED, MakeCluster, start_cluster
-from support import HttpProbe, chunk_holders
+from support import SEED, HttpProbe, MakeCluster, chunk_holders, start_cluster
 
 from recovery import frames
 from recovery.auto import measured
@@ -29,8 +28,9 @@ from recovery.cost import Network
 from recovery.executor import locate, recover, recover_blob
 from recovery.frames import Frame, FrameParser
 from recovery.plan import TOPOLOGIES, Plan, PlanNode, Topology, build_plan
-from recovery.relay import PLAN_BYTES_MAX, ROUTE, parse_plan
+from recovery.relay import PLAN_BYTES_MAX, parse_plan
 from ring import codec
+from ring.api import RECOVERY_STREAM
 from ring.blobs import BlobRef
 from ring.client import Client, ClientOptions
 from ring.errors import DataUnavailable, ProtocolError
@@ -38,6 +38,7 @@ from ring.transport import Timeouts
 from sr3.cli import cli
 from sr3.local import LocalCluster
 
+STREAM = RECOVERY_STREAM.pattern
 KIB = 1024
 MIB = 1024 * KIB
 CHUNK_BYTES = 256 * KIB
@@ -267,7 +268,7 @@ async def test_recover_calls_the_sink_once_per_chunk(
 
 
 async def read_frames(probe: HttpProbe, address: str, plan: PlanNode) -> tuple[int, list[Frame]]:
-    answer = await probe.signed(address, "POST", ROUTE, body=plan_json(plan))
+    answer = await probe.signed(address, "POST", STREAM, body=plan_json(plan))
     if answer.status != 200:
         return answer.status, []
     parser = FrameParser()
@@ -316,9 +317,9 @@ async def test_relay_refuses_bad_requests(ring6: LocalCluster, case: str) -> Non
     }
     async with HttpProbe(ring6.secret) as probe:
         if case == "unsigned":
-            answer = await probe.send(me.address, "POST", ROUTE, body=bodies[case])
+            answer = await probe.send(me.address, "POST", STREAM, body=bodies[case])
         else:
-            answer = await probe.signed(me.address, "POST", ROUTE, body=bodies[case])
+            answer = await probe.signed(me.address, "POST", STREAM, body=bodies[case])
     assert answer.status == (401 if case == "unsigned" else 400), answer.body[:200]
     assert "error" in answer.json()
 

@@ -1,0 +1,440 @@
+"""The peer's wire contract, written once: every route, header, limit and body shape.
+
+The peer routes with these ``Route`` patterns, and every caller (the client, repair,
+chunk collection, gossip, the scrubber, the recovery relay and executor) builds its paths
+and bodies and reads the answers with the functions here. Nothing in this module touches
+a socket: bytes and values in, bytes and values out, so the contract is tested without a
+network (``tests/test_api.py``).
+
+    GET    /v1/health                     liveness, unauthenticated
+    GET    /v1/info                       peer id, address, zone, stored bytes, chunk count
+    GET    /v1/ring                       placement members with their state, R, W and vnodes
+    GET    /v1/members                    the whole member table with each peer's liveness
+    POST   /v1/gossip                     {"members": [...]} -> our table (heartbeats)
+    POST   /v1/admin/leave                start leaving the ring (hand data over, then exit)
+    POST   /v1/admin/kill                 exit at once like SIGKILL (drills on a running ring;
+                                          403 unless the peer runs with --enable-admin-kill)
+    PUT    /v1/chunks/{id}[?hint=PEER]    store a chunk (body: stored form, see ring.codec);
+                                          with a hint, on behalf of an unreachable PEER
+    GET    /v1/chunks/{id}                a chunk's stored form, verified before it is sent
+    HEAD   /v1/chunks/{id}                200 if present (X-SR3-Stored-Bytes), 404 if not
+    POST   /v1/chunks/exists              {"ids": [...]} -> {"present": [...]}; with
+                                          "sizes": true also {"stored_bytes": {id: n}}
+    GET    /v1/records?prefix=P&limit=N[&deleted=1]   record keys and versions (and tombstones)
+    GET    /v1/records/{key}              value as body, version in X-SR3-Version
+    POST   /v1/records/versions           {"keys": [...]} -> {"versions": {key: n}}
+    PUT    /v1/records/{key}?expected_version=N[&refs=K]  compare-and-set, 409 if stale
+    PUT    /v1/records/{key}?version=N[&refs=K][&deleted=1]  repair copy, kept if newer
+    DELETE /v1/records/{key}?expected_version=N    tombstone as N+1 (404 "deleted" on GET)
+    GET    /v1/refs                       chunk ids live records here reference (16 B each)
+    POST   /v1/recovery/stream            a recovery plan -> framed chunk stream
+                                          (installed by ``recovery.relay``)
+    GET    /metrics                       Prometheus text (signed, or the metrics bearer token)
+
+Errors are JSON ``{"error": code, "message": text}`` (``error_body``/``parse_error``),
+with ``current_version`` on a 409 and ``version`` on a deleted record's 404. A record
+write's body is its envelope: the ids of the chunks it references (16 bytes each, their
+count in ``refs=K``) followed by the value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from ring import codec
+from ring.errors import ProtocolError
+
+__all__ = [
+    "ADMIN_KILL",
+    "ADMIN_LEAVE",
+    "ANY_TARGET_ROUTES",
+    "CHUNKS_EXIST",
+    "CHUNK_GET",
+    "CHUNK_HEAD",
+    "CHUNK_PUT",
+    "CONTENT_TYPE_FRAMES",
+    "EXISTS_IDS_MAX",
+    "GOSSIP",
+    "HEADERS_MAX",
+    "HEADER_AUTHORIZATION",
+    "HEADER_CONTENT_SHA256",
+    "HEADER_LINE_BYTES_MAX",
+    "HEADER_NONCE",
+    "HEADER_REFS",
+    "HEADER_STORED_BYTES",
+    "HEADER_TARGET",
+    "HEADER_TIMESTAMP",
+    "HEADER_VERSION",
+    "HEALTH",
+    "INFO",
+    "LIST_LIMIT_MAX",
+    "MEMBERS",
+    "METRICS",
+    "RECORDS_LIST",
+    "RECORD_BYTES_MAX",
+    "RECORD_DELETE",
+    "RECORD_GET",
+    "RECORD_PUT",
+    "RECORD_VERSIONS",
+    "RECOVERY_STREAM",
+    "REFS",
+    "REFS_ANSWER_MAX",
+    "REFS_MAX",
+    "REF_BYTES",
+    "REQUEST_BYTES_MAX",
+    "RING",
+    "ErrorBody",
+    "MemberState",
+    "RingDescription",
+    "Route",
+    "chunk_path",
+    "error_body",
+    "exists_request",
+    "parse_error",
+    "parse_exists_answer",
+    "parse_exists_request",
+    "parse_flag",
+    "parse_int",
+    "parse_json_object",
+    "parse_keys_request",
+    "parse_members_answer",
+    "parse_records_list",
+    "parse_refs",
+    "parse_versions_answer",
+    "parse_written_version",
+    "record_cas_path",
+    "record_delete_path",
+    "record_envelope",
+    "record_path",
+    "record_repair_path",
+    "records_list_path",
+    "refs_body",
+    "split_record_envelope",
+    "versions_request",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route: its method and its path pattern (aiohttp's ``{name}`` syntax)."""
+
+    method: str
+    pattern: str
+
+
+HEALTH = Route("GET", "/v1/health")
+INFO = Route("GET", "/v1/info")
+RING = Route("GET", "/v1/ring")
+MEMBERS = Route("GET", "/v1/members")
+GOSSIP = Route("POST", "/v1/gossip")
+ADMIN_LEAVE = Route("POST", "/v1/admin/leave")
+ADMIN_KILL = Route("POST", "/v1/admin/kill")
+METRICS = Route("GET", "/metrics")
+CHUNK_PUT = Route("PUT", "/v1/chunks/{chunk_id}")
+CHUNK_GET = Route("GET", "/v1/chunks/{chunk_id}")
+CHUNK_HEAD = Route("HEAD", "/v1/chunks/{chunk_id}")
+CHUNKS_EXIST = Route("POST", "/v1/chunks/exists")
+RECORDS_LIST = Route("GET", "/v1/records")
+RECORD_VERSIONS = Route("POST", "/v1/records/versions")
+RECORD_GET = Route("GET", "/v1/records/{key:.+}")
+RECORD_PUT = Route("PUT", "/v1/records/{key:.+}")
+RECORD_DELETE = Route("DELETE", "/v1/records/{key:.+}")
+REFS = Route("GET", "/v1/refs")
+RECOVERY_STREAM = Route("POST", "/v1/recovery/stream")
+
+# Routes a request may reach with the target "*": a client asks a seed for the member
+# table before it knows the seed's advertised address, and a joining peer gossips with
+# overlay contacts it knows only by IP. Both are idempotent and change no stored data.
+ANY_TARGET_ROUTES = frozenset({RING, GOSSIP})
+
+# Request signing (``ring.auth``).
+HEADER_AUTHORIZATION = "Authorization"
+HEADER_TIMESTAMP = "X-SR3-Timestamp"
+HEADER_NONCE = "X-SR3-Nonce"
+HEADER_CONTENT_SHA256 = "X-SR3-Content-SHA256"
+HEADER_TARGET = "X-SR3-Target"
+# Answers.
+HEADER_VERSION = "X-SR3-Version"
+HEADER_REFS = "X-SR3-Refs"
+HEADER_STORED_BYTES = "X-SR3-Stored-Bytes"
+CONTENT_TYPE_FRAMES = "application/x-sr3-frames"
+
+# Limits both sides hold to.
+EXISTS_IDS_MAX = 10_000
+LIST_LIMIT_MAX = 10_000
+RECORD_BYTES_MAX = 4 * 1024 * 1024
+REFS_MAX = 65_536
+REF_BYTES = 16
+# Chunk ids one ``GET /v1/refs`` answer may list.
+REFS_ANSWER_MAX = 4 * 1024 * 1024
+REQUEST_BYTES_MAX = max(codec.STORED_BYTES_MAX, RECORD_BYTES_MAX + REFS_MAX * REF_BYTES)
+HEADER_LINE_BYTES_MAX = 8190
+HEADERS_MAX = 64
+# Digits of an integer query parameter: anything longer is refused before ``int()``.
+INT_DIGITS_MAX = 18
+
+
+def _quote(text: str) -> str:
+    return quote(text, safe="")
+
+
+# -- paths ------------------------------------------------------------------------------
+
+
+def chunk_path(chunk_id: str, *, hint: str | None = None) -> str:
+    """``/v1/chunks/{id}``; with ``hint``, stored on behalf of that unreachable peer."""
+    path = f"/v1/chunks/{chunk_id}"
+    return path if hint is None else f"{path}?hint={_quote(hint)}"
+
+
+def record_path(key: str) -> str:
+    return f"/v1/records/{key}"
+
+
+def record_cas_path(key: str, expected_version: int, refs: int) -> str:
+    return f"{record_path(key)}?expected_version={expected_version}&refs={refs}"
+
+
+def record_repair_path(key: str, version: int, refs: int, *, deleted: bool) -> str:
+    return f"{record_path(key)}?version={version}&refs={refs}&deleted={int(deleted)}"
+
+
+def record_delete_path(key: str, expected_version: int) -> str:
+    return f"{record_path(key)}?expected_version={expected_version}"
+
+
+def records_list_path(prefix: str, limit: int, *, include_deleted: bool) -> str:
+    return f"/v1/records?prefix={_quote(prefix)}&limit={limit}&deleted={int(include_deleted)}"
+
+
+# -- query parameters and JSON bodies (peer side) ---------------------------------------
+
+
+def parse_int(raw: str | None, name: str, default: int | None) -> int:
+    """A non-negative integer query parameter; ``default`` when absent (None: required)."""
+    if raw is None:
+        if default is None:
+            raise ProtocolError(f"query parameter {name!r} is required")
+        return default
+    if not raw.isdigit() or len(raw) > INT_DIGITS_MAX:
+        raise ProtocolError(f"query parameter {name!r} must be a non-negative integer")
+    return int(raw)
+
+
+def parse_flag(raw: str | None, name: str) -> bool:
+    """An optional 0/1 query parameter (absent: 0)."""
+    if raw is None:
+        return False
+    if raw not in ("0", "1"):
+        raise ProtocolError(f"query parameter {name!r} must be 0 or 1")
+    return raw == "1"
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        parsed = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ProtocolError("request body must be a JSON object")
+    return parsed
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBody:
+    code: str
+    message: str
+    # A 409's current version, or a deleted record's tombstone version; 0 otherwise.
+    version: int = 0
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": code, "message": message, **extra}
+
+
+def parse_error(body: bytes) -> ErrorBody:
+    """An error answer's code, message and version; a body that is not ours reads as
+    code "error" with its first 200 bytes as the message."""
+    code, message = "error", body[:200].decode("utf-8", "replace")
+    version = 0
+    try:
+        parsed = json.loads(body)
+        code, message = str(parsed.get("error", code)), str(parsed.get("message", message))
+        version = int(parsed.get("version", parsed.get("current_version", 0)))
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        pass
+    return ErrorBody(code, message, version)
+
+
+# -- chunks -----------------------------------------------------------------------------
+
+
+def exists_request(ids: Sequence[str], *, sizes: bool = False) -> bytes:
+    """The body of ``POST /v1/chunks/exists`` (at most ``EXISTS_IDS_MAX`` ids)."""
+    if len(ids) > EXISTS_IDS_MAX:
+        raise ProtocolError(f"at most {EXISTS_IDS_MAX} ids per exists query")
+    query: dict[str, Any] = {"ids": list(ids)}
+    if sizes:
+        query["sizes"] = True
+    return codec.compact_json(query)
+
+
+def parse_exists_request(body: bytes) -> tuple[list[str], bool]:
+    """The ids asked about and whether their sizes are wanted."""
+    query = parse_json_object(body)
+    ids = query.get("ids")
+    if not isinstance(ids, list) or len(ids) > EXISTS_IDS_MAX:
+        raise ProtocolError(f"'ids' must be a list of at most {EXISTS_IDS_MAX} chunk ids")
+    if not all(isinstance(item, str) and codec.is_chunk_id(item) for item in ids):
+        raise ProtocolError("every id must be 32 lowercase hex digits")
+    return ids, query.get("sizes") is True
+
+
+def parse_exists_answer(answer: Any) -> dict[str, int]:
+    """Chunk id -> stored bytes (0 when the answer gave no sizes) of the ids present."""
+    try:
+        present = [str(item) for item in answer["present"]]
+        sizes: Mapping[str, Any] = answer.get("stored_bytes") or {}
+        return {chunk_id: int(sizes.get(chunk_id, 0)) for chunk_id in present}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed exists answer: {exc!r}") from exc
+
+
+def refs_body(refs: Iterable[str]) -> bytes:
+    """``GET /v1/refs``: the referenced chunk ids, 16 raw bytes each, sorted."""
+    return b"".join(bytes.fromhex(ref) for ref in sorted(refs))
+
+
+def parse_refs(body: bytes) -> set[str]:
+    if len(body) % REF_BYTES:
+        raise ProtocolError(f"a refs answer is a whole number of {REF_BYTES}-byte ids")
+    return {body[offset : offset + REF_BYTES].hex() for offset in range(0, len(body), REF_BYTES)}
+
+
+# -- records ----------------------------------------------------------------------------
+
+
+def record_envelope(refs: Sequence[str], value: bytes) -> bytes:
+    """A record write's body: the referenced chunk ids, then the value."""
+    if not all(codec.is_chunk_id(ref) for ref in refs):
+        raise ProtocolError("refs must be chunk ids")
+    return b"".join(bytes.fromhex(ref) for ref in refs) + value
+
+
+def split_record_envelope(body: bytes, refs_count: int) -> tuple[bytes, tuple[str, ...]]:
+    """The value and the referenced chunk ids of an envelope holding ``refs_count``."""
+    if not 0 <= refs_count <= REFS_MAX or len(body) < refs_count * REF_BYTES:
+        raise ProtocolError(f"refs must be 0..{REFS_MAX} ids of {REF_BYTES} bytes before the value")
+    cut = refs_count * REF_BYTES
+    refs = tuple(body[offset : offset + REF_BYTES].hex() for offset in range(0, cut, REF_BYTES))
+    return body[cut:], refs
+
+
+def parse_written_version(answer: Any) -> int:
+    """The version a record write or delete stored."""
+    try:
+        return int(answer["version"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed record write answer: {exc!r}") from exc
+
+
+def versions_request(keys: Sequence[str]) -> bytes:
+    if len(keys) > LIST_LIMIT_MAX:
+        raise ProtocolError(f"at most {LIST_LIMIT_MAX} keys per versions query")
+    return codec.compact_json({"keys": list(keys)})
+
+
+def parse_keys_request(body: bytes) -> list[str]:
+    keys = parse_json_object(body).get("keys")
+    if not isinstance(keys, list) or len(keys) > LIST_LIMIT_MAX:
+        raise ProtocolError(f"'keys' must be a list of at most {LIST_LIMIT_MAX} keys")
+    return [str(key) for key in keys]
+
+
+def parse_versions_answer(answer: Any) -> dict[str, int]:
+    try:
+        return {str(key): int(version) for key, version in answer["versions"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed versions answer: {exc!r}") from exc
+
+
+def parse_records_list(answer: Any) -> list[tuple[str, int, bool]]:
+    """``(key, version, deleted)`` of each record a listing names."""
+    try:
+        return [
+            (str(entry["key"]), int(entry["version"]), bool(entry.get("deleted", False)))
+            for entry in answer["records"]
+        ]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed record listing: {exc!r}") from exc
+
+
+# -- ring and members -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemberState:
+    peer_id: str
+    address: str
+    zone: str
+    # up / down as the answering peer sees it
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class RingDescription:
+    """``GET /v1/ring``: the placement members, R, W and the placement settings."""
+
+    members: tuple[MemberState, ...]
+    replication: int
+    write_quorum: int
+    vnodes: int
+    zone_aware: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "members": [
+                {"peer_id": m.peer_id, "address": m.address, "zone": m.zone, "state": m.state}
+                for m in self.members
+            ],
+            "replication": self.replication,
+            "write_quorum": self.write_quorum,
+            "vnodes": self.vnodes,
+            "zone_aware": self.zone_aware,
+        }
+
+    @classmethod
+    def from_json(cls, answer: Any) -> RingDescription:
+        try:
+            members = tuple(
+                MemberState(str(m["peer_id"]), str(m["address"]), str(m.get("zone", "")), state)
+                for m in answer["members"]
+                for state in [str(m.get("state", "up"))]
+            )
+            return cls(
+                members,
+                int(answer["replication"]),
+                int(answer["write_quorum"]),
+                int(answer["vnodes"]),
+                bool(answer["zone_aware"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"malformed ring description: {exc!r}") from exc
+
+
+def parse_members_answer(answer: Any) -> list[dict[str, Any]]:
+    """``GET /v1/members``: the member table's entries, each with its ``state``."""
+    try:
+        members = answer["members"]
+    except (KeyError, TypeError) as exc:
+        raise ProtocolError(f"malformed member table: {exc!r}") from exc
+    if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
+        raise ProtocolError("malformed member table: 'members' is not a list of objects")
+    return members

@@ -1,0 +1,232 @@
+"""The client's chunks and blobs: cut sources into chunks, store each on W..R replicas,
+read blobs back verified end to end.
+
+A chunk goes to the first R reachable peers of its preference list (a peer that cannot
+be reached is replaced by the next one, which keeps a hint for it) and is stored once W
+acknowledge. A read walks the same list, live peers first, until a replica gives a copy
+that verifies (``ring.replicas``). At most ``transfers_max`` chunks are in flight per
+call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ring import api, codec
+from ring.blobs import BlobRef, ChunkPlan, Extent, plan_chunks
+from ring.client.options import ClientOptions, Progress, Source, file_source
+from ring.client.view import RingTracker, added_members
+from ring.errors import ChunkCorrupt, DataUnavailable, QuorumError
+from ring.placement import Member
+from ring.replicas import read_from_replicas
+from ring.transport import Transport
+
+__all__ = ["ChunkIO", "first_error"]
+
+
+def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first leaf of an exception group, so callers see one sr3 error."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+class ChunkIO:
+    """Chunks and blobs on the ring, through a client's transport and ring view."""
+
+    def __init__(self, transport: Transport, view: RingTracker, options: ClientOptions) -> None:
+        self._transport = transport
+        self._view = view
+        self.options = options
+
+    # -- one chunk ----------------------------------------------------------------------
+
+    async def _put_chunk_to(
+        self, member: Member, chunk_id: str, stored: bytes, hint: Member | None
+    ) -> None:
+        path = api.chunk_path(chunk_id, hint=hint.peer_id if hint is not None else None)
+        await self._transport.request(member.address, api.CHUNK_PUT.method, path, body=stored)
+
+    async def store_raw_chunk(self, raw: bytes) -> str:
+        chunk_id, stored = await asyncio.to_thread(codec.encode, raw)
+        view = await self._view.ring()
+        answers, causes = await self._view.fan_out(
+            view.ring.candidates(chunk_id, view.replication),
+            view.replication,
+            lambda member, hint: self._put_chunk_to(member, chunk_id, stored, hint),
+        )
+        if len(answers) < view.write_quorum:
+            raise QuorumError(f"chunk {chunk_id}", len(answers), view.write_quorum, causes)
+        return chunk_id
+
+    async def _read_walk(
+        self, members: Sequence[Member], chunk_id: str
+    ) -> tuple[bytes | None, list[str]]:
+        read = await read_from_replicas(
+            self._transport,
+            self._view.live_first(members),
+            chunk_id,
+            check="raw",
+            time_limit_s=self._view.probe_limit_s,
+            on_unreachable=self._view.mark_down,
+        )
+        return read.data, read.causes
+
+    async def fetch_chunk(self, chunk_id: str) -> bytes:
+        """A chunk's raw bytes, verified; from the first replica in the walk that has it.
+
+        When no member of the view has it, the members a wider view adds are tried too
+        (``wider_ring``): the view may have come from a peer that knows part of the ring."""
+        view = await self._view.ring()
+        raw, causes = await self._read_walk(
+            view.ring.candidates(chunk_id, view.replication), chunk_id
+        )
+        if raw is None:
+            wider = await self._view.wider_ring(view)
+            if wider is not None:
+                raw, more = await self._read_walk(added_members(view, wider, chunk_id), chunk_id)
+                causes += more
+        if raw is None:
+            raise DataUnavailable([chunk_id], causes)
+        return raw
+
+    # -- blobs --------------------------------------------------------------------------
+
+    async def put_sources(
+        self, sources: Sequence[Source], *, progress: Progress | None = None
+    ) -> list[BlobRef]:
+        """Store many sources, packing small ones; one ``BlobRef`` per source, in order."""
+        plans = plan_chunks(
+            [source.size for source in sources],
+            chunk_bytes=self.options.chunk_bytes,
+            pack_below_bytes=self.options.pack_below_bytes,
+        )
+        hashers = [xxhash.xxh3_128() for _ in sources]
+        chunk_ids: list[str] = [""] * len(plans)
+        slots = asyncio.Semaphore(self.options.transfers_max)
+
+        async def store(index: int, raw: bytes) -> None:
+            try:
+                chunk_ids[index] = await self.store_raw_chunk(raw)
+                if progress is not None:
+                    progress(len(raw))
+            finally:
+                slots.release()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index, plan in enumerate(plans):
+                    await slots.acquire()
+                    raw = await asyncio.to_thread(_build_chunk, plan, sources, hashers)
+                    group.create_task(store(index, raw))
+        except BaseExceptionGroup as group_error:
+            raise first_error(group_error) from None
+        return _blob_refs(sources, plans, chunk_ids, hashers)
+
+    async def put_blob(self, data: bytes) -> BlobRef:
+        source = Source(len(data), lambda offset, length: data[offset : offset + length])
+        return (await self.put_sources([source]))[0]
+
+    async def put_file(self, path: Path, *, progress: Progress | None = None) -> BlobRef:
+        return (await self.put_sources([file_source(path)], progress=progress))[0]
+
+    async def _fetch_extent(self, extent: Extent) -> bytes | DataUnavailable:
+        try:
+            raw = await self.fetch_chunk(extent.chunk_id)
+        except DataUnavailable as exc:
+            return exc
+        if extent.offset + extent.length > len(raw):
+            raise ChunkCorrupt(f"chunk {extent.chunk_id} is shorter than the extent naming it")
+        return raw[extent.offset : extent.offset + extent.length]
+
+    async def read_blob(
+        self, ref: BlobRef, sink: Callable[[bytes], object], *, progress: Progress | None = None
+    ) -> None:
+        """Feed a blob's bytes to ``sink`` in order, fetching a bounded window ahead.
+
+        Raises ``DataUnavailable`` naming every chunk no replica could serve (the sink has
+        then received a prefix only), and ``ChunkCorrupt`` if the reassembled blob does not
+        match its digest.
+        """
+        hasher = xxhash.xxh3_128()
+        pending: deque[asyncio.Task[bytes | DataUnavailable]] = deque()
+        missing: list[DataUnavailable] = []
+
+        def deliver(piece: bytes | DataUnavailable) -> None:
+            if isinstance(piece, DataUnavailable):
+                missing.append(piece)
+            elif not missing:
+                hasher.update(piece)
+                sink(piece)
+                if progress is not None:
+                    progress(len(piece))
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for extent in ref.extents:
+                    if len(pending) >= self.options.transfers_max:
+                        deliver(await pending.popleft())
+                    pending.append(group.create_task(self._fetch_extent(extent)))
+                while pending:
+                    deliver(await pending.popleft())
+        except BaseExceptionGroup as group_error:
+            raise first_error(group_error) from None
+        if missing:
+            names = list(dict.fromkeys(chunk for error in missing for chunk in error.missing))
+            raise DataUnavailable(names, [str(error) for error in missing[:1]])
+        if hasher.hexdigest() != ref.digest:
+            raise ChunkCorrupt(f"reassembled blob does not match its digest {ref.digest}")
+
+    async def get_blob(self, ref: BlobRef) -> bytes:
+        pieces: list[bytes] = []
+        await self.read_blob(ref, pieces.append)
+        return b"".join(pieces)
+
+    async def get_file(self, ref: BlobRef, path: Path, *, progress: Progress | None = None) -> None:
+        """Write a blob to ``path`` atomically: a temp file, fsync, then rename."""
+        tmp = path.with_name(f".{path.name}.sr3-partial")
+        try:
+            handle = await asyncio.to_thread(open, tmp, "wb")
+            with handle:
+                await self.read_blob(ref, handle.write, progress=progress)
+                handle.flush()
+                await asyncio.to_thread(os.fsync, handle.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _build_chunk(plan: ChunkPlan, sources: Sequence[Source], hashers: list[Any]) -> bytes:
+    """Read a chunk's pieces and feed each source's digest, in source order."""
+    parts = []
+    for piece in plan.pieces:
+        data = sources[piece.source].read(piece.offset, piece.length)
+        hashers[piece.source].update(data)
+        parts.append(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _blob_refs(
+    sources: Sequence[Source],
+    plans: Sequence[ChunkPlan],
+    chunk_ids: Sequence[str],
+    hashers: Sequence[Any],
+) -> list[BlobRef]:
+    extents: list[list[Extent]] = [[] for _ in sources]
+    for plan, chunk_id in zip(plans, chunk_ids, strict=True):
+        position = 0
+        for piece in plan.pieces:
+            extents[piece.source].append(Extent(chunk_id, position, piece.length))
+            position += piece.length
+    return [
+        BlobRef(source.size, hasher.hexdigest(), tuple(found))
+        for source, hasher, found in zip(sources, hashers, extents, strict=True)
+    ]

@@ -1,0 +1,188 @@
+"""The client's records: small versioned values with compare-and-set on the key's R
+preferred peers, read back from the first R reachable replicas (newest version wins)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import xxhash
+
+from ring import api
+from ring.client.options import RecordValue
+from ring.client.view import RingTracker, added_members
+from ring.errors import DataUnavailable, PeerRejected, QuorumError, RecordConflict
+from ring.placement import Member
+from ring.transport import Transport
+
+__all__ = ["RecordIO", "newest"]
+
+# A record answer's body: the value, at most RECORD_BYTES_MAX, and its envelope's refs.
+RECORD_ANSWER_BYTES_MAX = 2 * api.RECORD_BYTES_MAX
+
+
+class RecordIO:
+    """Records on the ring, through a client's transport and ring view."""
+
+    def __init__(self, transport: Transport, view: RingTracker) -> None:
+        self._transport = transport
+        self._view = view
+
+    async def _get_record_from(
+        self, member: Member, key: str, _hint: Member | None = None
+    ) -> RecordValue | None:
+        try:
+            answer = await self._transport.request(
+                member.address,
+                api.RECORD_GET.method,
+                api.record_path(key),
+                body_bytes_max=RECORD_ANSWER_BYTES_MAX,
+            )
+        except PeerRejected as exc:
+            if exc.status == 404 and exc.code == "deleted":
+                return RecordValue(key, exc.version, b"", deleted=True)
+            if exc.status == 404:
+                return None
+            raise
+        version = api.parse_int(answer.headers.get(api.HEADER_VERSION), api.HEADER_VERSION, 0)
+        return RecordValue(key, version, answer.body)
+
+    async def get_record(self, key: str, *, include_deleted: bool = False) -> RecordValue | None:
+        """The newest version held by the first R reachable replicas, or None.
+
+        A deleted record reads as None, unless ``include_deleted``: then its tombstone
+        (``deleted=True``) comes back, whose version a compare-and-set write expects."""
+        view = await self._view.ring()
+
+        def read(member: Member, hint: Member | None) -> Awaitable[RecordValue | None]:
+            return self._get_record_from(member, key, hint)
+
+        answers, causes = await self._view.fan_out(
+            view.ring.candidates(key, view.replication), view.replication, read
+        )
+        if len(answers) < view.replication and all(value is None for _m, value in answers):
+            # Fewer than R peers of the view could answer and none had it: the view may
+            # be a part of the ring (``wider_ring``); ask the members a wider one adds.
+            wider = await self._view.wider_ring(view)
+            if wider is not None:
+                others = added_members(view, wider, key)
+                more, more_causes = await self._view.fan_out(
+                    others, min(wider.replication - len(answers), len(others)), read
+                )
+                answers += more
+                causes += more_causes
+        if not answers:
+            raise DataUnavailable([key], causes)
+        found = newest([value for _member, value in answers if value is not None])
+        if found is not None and found.deleted and not include_deleted:
+            return None
+        return found
+
+    async def _put_record_to(
+        self, member: Member, key: str, body: bytes, expected_version: int, refs: int
+    ) -> int:
+        try:
+            answer = await self._transport.request(
+                member.address,
+                api.RECORD_PUT.method,
+                api.record_cas_path(key, expected_version, refs),
+                body=body,
+            )
+        except PeerRejected as exc:
+            if exc.status == 409:
+                return -1
+            raise
+        return api.parse_written_version(answer.json())
+
+    async def put_record(
+        self, key: str, value: bytes, *, expected_version: int, refs: Sequence[str] = ()
+    ) -> int:
+        """Compare-and-set: store ``value`` as ``expected_version + 1`` on W..R replicas.
+
+        Only the key's R preferred peers count (no stand-ins): a stand-in that never held
+        the record would accept a stale version. So a write needs W of them reachable;
+        after a failure the ring moves records to live peers within the removal grace.
+        ``refs`` are the chunk ids the value points at: peers audit that they stay
+        available (``chunks_lost``) without parsing values. Raises ``RecordConflict``
+        when replicas hold a newer version than expected.
+        """
+        body = api.record_envelope(refs, value)
+        return await self._compare_and_set(
+            key,
+            expected_version,
+            lambda member: self._put_record_to(member, key, body, expected_version, len(refs)),
+        )
+
+    async def _compare_and_set(
+        self, key: str, expected_version: int, write: Callable[[Member], Awaitable[int]]
+    ) -> int:
+        """Run ``write`` (its answer: the stored version, -1 for a conflict) on the key's
+        preferred peers; ``expected_version + 1`` once W acknowledged."""
+        view = await self._view.ring()
+        answers, causes = await self._view.fan_out(
+            view.ring.candidates(key, view.replication),
+            view.replication,
+            lambda member, _hint: write(member),
+            strict=True,
+        )
+        acks = sum(1 for _member, version in answers if version >= 0)
+        if acks >= view.write_quorum:
+            return expected_version + 1
+        if any(version < 0 for _member, version in answers):
+            current = await self.get_record(key, include_deleted=True)
+            raise RecordConflict(key, expected_version, current.version if current else 0)
+        raise QuorumError(f"record {key!r}", acks, view.write_quorum, causes)
+
+    async def _delete_record_at(self, member: Member, key: str, expected_version: int) -> int:
+        try:
+            answer = await self._transport.request(
+                member.address,
+                api.RECORD_DELETE.method,
+                api.record_delete_path(key, expected_version),
+            )
+        except PeerRejected as exc:
+            if exc.status == 409:
+                return -1
+            raise
+        return api.parse_written_version(answer.json())
+
+    async def delete_record(self, key: str, *, expected_version: int) -> int:
+        """Compare-and-set delete: a tombstone as ``expected_version + 1`` on W..R of the
+        key's preferred peers (as ``put_record``); the tombstone's version."""
+        return await self._compare_and_set(
+            key,
+            expected_version,
+            lambda member: self._delete_record_at(member, key, expected_version),
+        )
+
+    async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
+        """Keys under ``prefix`` with the newest version any reachable peer knows (keys
+        whose newest version is a delete left out)."""
+        view = await self._view.ring()
+        path = api.records_list_path(prefix, limit, include_deleted=True)
+
+        async def one(member: Member, _hint: Member | None) -> list[tuple[str, int, bool]]:
+            answer = await self._transport.request(member.address, api.RECORDS_LIST.method, path)
+            return api.parse_records_list(answer.json())
+
+        answers, _causes = await self._view.fan_out(view.ring.members, len(view.ring), one)
+        found: dict[str, tuple[int, bool]] = {}
+        for _member, entries in answers:
+            for key, version, deleted in entries:
+                seen = (version, deleted)
+                found[key] = max(found.get(key, seen), seen)
+        live = {key: version for key, (version, deleted) in found.items() if not deleted}
+        return dict(sorted(live.items())[:limit])
+
+
+def newest(values: Sequence[RecordValue]) -> RecordValue | None:
+    """The newest version; among equal versions, the value most replicas hold."""
+    if not values:
+        return None
+    top = max(value.version for value in values)
+    candidates = [value for value in values if value.version == top]
+    counts: dict[bytes, int] = {}
+    for value in candidates:
+        counts[value.value] = counts.get(value.value, 0) + 1
+    best = max(counts, key=lambda value: (counts[value], xxhash.xxh3_64_hexdigest(value)))
+    deleted = any(value.deleted and value.value == best for value in candidates)
+    return RecordValue(candidates[0].key, top, best, conflict=len(counts) > 1, deleted=deleted)
