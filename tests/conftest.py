@@ -15,27 +15,36 @@ that need their own, and tears them down (purging their data) after the test.
 from __future__ import annotations
 
 import itertools
-import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import next_base_port
+from support import (
+    REQUIRE_SPARK_ENV,
+    SEED,
+    SEED_ENV,
+    MakeCluster,
+    missing_spark_requirements,
+    spark_required,
+    start_cluster,
+)
 
-from ring.errors import SR3Error
 from sr3.local import LocalCluster
-
-SEED_ENV = "SR3_TEST_SEED"
-SEED = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(2**32))
-
-CLUSTER_START_TRIES = 3
-
-MakeCluster = Callable[..., LocalCluster]
 
 
 def pytest_report_header() -> str:
     return f"sr3 test seed: {SEED} (replay with {SEED_ENV}={SEED})"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With ``SR3_REQUIRE_SPARK=1`` (CI), stop before any test when Spark cannot run, even
+    if no Spark test was selected: the tests' own check could be skipped or deselected."""
+    missing = missing_spark_requirements("pandas", "pyarrow")
+    if spark_required() and missing:
+        raise pytest.UsageError(
+            f"{REQUIRE_SPARK_ENV}=1 but Spark cannot run; missing " + "; ".join(missing)
+        )
 
 
 @pytest.fixture
@@ -43,28 +52,6 @@ def rng(request: pytest.FixtureRequest) -> random.Random:
     """A generator seeded from the run seed and the test id; the seed is reported."""
     request.node.add_report_section("setup", "seed", f"replay with {SEED_ENV}={SEED}")
     return random.Random(f"{SEED}/{request.node.nodeid}")
-
-
-def start_cluster(home: Path, peers: int, **options: object) -> LocalCluster:
-    """Create and start a local cluster under ``home``; retry elsewhere on a port race."""
-    error: SR3Error | None = None
-    for _attempt in range(CLUSTER_START_TRIES):
-        cluster = LocalCluster.create(
-            home,
-            peers,
-            cluster_file=home / "cluster.json",
-            base_port=next_base_port(),
-            **options,  # type: ignore[arg-type]
-        )
-        try:
-            cluster.up()
-        except SR3Error as exc:  # another process took the port between probe and bind
-            cluster.down(purge=True)
-            error = exc
-            continue
-        return cluster
-    assert error is not None
-    raise error
 
 
 @pytest.fixture(scope="session")

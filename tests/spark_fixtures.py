@@ -3,6 +3,7 @@
 Load with ``pytest_plugins = ("spark_fixtures",)`` in a test module. Every test that uses
 the ``spark`` fixture is marked ``spark`` (select with ``-m spark``, skip with
 ``-m "not spark"``); the marker is registered here so warnings-as-errors accept it.
+Without Java or PySpark the fixture skips, or fails under ``SR3_REQUIRE_SPARK=1`` (CI).
 
 The query is deterministic: JSON files written one per batch into a directory source
 (``maxFilesPerTrigger=1``), deduplicated on (key, ts) and counted per one-minute window
@@ -16,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import require_spark
 
 PROVIDERS = {
     "hdfs": {
@@ -67,9 +68,7 @@ def spark() -> Iterator[Any]:
     State store maintenance runs every 200 ms and snapshots after 2 deltas, so even short
     queries leave snapshots (``.snapshot`` / RocksDB ``.zip`` with changelogs) behind.
     """
-    pytest.importorskip("pyspark")
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java runtime for Spark")
+    require_spark()
     from pyspark.sql import SparkSession
 
     # Loopback from the JVM's first line on (spark.driver.host applies later), and

@@ -1,39 +1,63 @@
-"""Helpers shared by the ring tests: signed raw HTTP, on-disk chunk lookup, metrics parsing.
+"""What the tests share: the run seed, ports and clusters, Spark's prerequisites, and
+signed raw HTTP, on-disk chunk lookup and metrics parsing.
 
-These talk to real peers over loopback and look at real files. They deliberately use the
-same signing code as the client (``ring.auth.Signer``) but not the client itself, so a
-test can send exactly the request it is about: a tampered body, a replayed nonce, a body
-that is not a chunk.
+This is the one module tests import helpers from, always as ``support`` (never
+``tests.support``, never ``conftest`` or a test module: a second copy would hold a second
+seed and a second port counter; tests/test_suite.py checks). conftest.py builds
+its fixtures from it.
+
+The HTTP helpers talk to real peers over loopback and look at real files. They
+deliberately use the same signing code as the client (``ring.auth.Signer``) but not the
+client itself, so a test can send exactly the request it is about: a tampered body, a
+replayed nonce, a body that is not a chunk.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import itertools
 import json
 import os
+import random
 import re
+import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from yarl import URL
 
 from ring.auth import Signer
+from ring.errors import SR3Error
 from sr3.local import LocalCluster
 
 __all__ = [
+    "REQUIRE_SPARK_ENV",
+    "SEED",
+    "SEED_ENV",
     "Answer",
     "HttpProbe",
+    "MakeCluster",
     "chunk_file",
     "chunk_holders",
+    "commit_next_batch",
+    "materialize",
     "metric_value",
+    "missing_spark_requirements",
     "next_base_port",
     "peer_address",
+    "require_spark",
+    "spark_required",
+    "start_cluster",
 ]
+
+SEED_ENV = "SR3_TEST_SEED"
+SEED = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(2**32))
 
 # Each test run takes its own stretch of ports (other runs may share the machine), below
 # the kernel's ephemeral range so client sockets never sit on a port a peer wants.
@@ -43,6 +67,87 @@ _BASE_PORTS = itertools.count(21000 + (os.getpid() % 40) * 250, 5)
 
 def next_base_port() -> int:
     return next(_BASE_PORTS)
+
+
+CLUSTER_START_TRIES = 3
+
+MakeCluster = Callable[..., LocalCluster]
+
+
+def start_cluster(home: Path, peers: int, **options: object) -> LocalCluster:
+    """Create and start a local cluster under ``home``; retry elsewhere on a port race."""
+    error: SR3Error | None = None
+    for _attempt in range(CLUSTER_START_TRIES):
+        cluster = LocalCluster.create(
+            home,
+            peers,
+            cluster_file=home / "cluster.json",
+            base_port=next_base_port(),
+            **options,  # type: ignore[arg-type]
+        )
+        try:
+            cluster.up()
+        except SR3Error as exc:  # another process took the port between probe and bind
+            cluster.down(purge=True)
+            error = exc
+            continue
+        return cluster
+    assert error is not None
+    raise error
+
+
+# CI sets this to 1 (.ci/run): there a missing Spark prerequisite fails the run instead of
+# skipping the end-to-end tests, which would otherwise pass without testing anything.
+REQUIRE_SPARK_ENV = "SR3_REQUIRE_SPARK"
+
+SPARK_INSTALL_HINTS = {
+    "java": (
+        "a Java 17 runtime: install one (e.g. `apt-get install openjdk-17-jre-headless`) "
+        "and put `java` on PATH or point JAVA_HOME at it"
+    ),
+    "pyspark": "PySpark: `make install`, or `pip install -e '.[spark,dev]'`",
+    "pandas": "pandas: `make install`, or `pip install -e '.[spark,dev]'`",
+    "pyarrow": "pyarrow: `make install`, or `pip install -e '.[spark,dev]'`",
+}
+
+
+def spark_required() -> bool:
+    """Whether ``SR3_REQUIRE_SPARK`` asks for Spark; a value other than 0 or 1 is an error
+    rather than a silent skip."""
+    value = os.environ.get(REQUIRE_SPARK_ENV, "").strip()
+    if value not in {"", "0", "1"}:
+        raise pytest.UsageError(f"{REQUIRE_SPARK_ENV}={value!r}: expected 1 (or 0, or unset)")
+    return value == "1"
+
+
+def _java_found() -> bool:
+    # PySpark's launcher runs $JAVA_HOME/bin/java when JAVA_HOME is set, else `java`.
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        return os.access(Path(java_home) / "bin" / "java", os.X_OK)
+    return shutil.which("java") is not None
+
+
+def missing_spark_requirements(*modules: str) -> list[str]:
+    """What real Spark needs and this machine lacks: a Java runtime, PySpark, and the
+    extra Python ``modules`` (e.g. pandas), each with how to install it."""
+    missing = [] if _java_found() else ["java"]
+    missing += [name for name in ("pyspark", *modules) if importlib.util.find_spec(name) is None]
+    return [SPARK_INSTALL_HINTS.get(name, f"the Python module {name}") for name in missing]
+
+
+def require_spark(*modules: str) -> None:
+    """Skip the calling test without Java, PySpark or ``modules``; fail it instead when
+    ``SR3_REQUIRE_SPARK=1`` (CI), saying what is missing and how to install it."""
+    missing = missing_spark_requirements(*modules)
+    if not missing:
+        return
+    if spark_required():
+        pytest.fail(
+            f"{REQUIRE_SPARK_ENV}=1 but Spark cannot run; missing " + "; ".join(missing),
+            pytrace=False,
+        )
+    pytest.skip("Spark cannot run; missing " + "; ".join(missing))
 
 
 LARGE_BODY_BYTES = 1024 * 1024
@@ -134,3 +239,41 @@ def metric_value(text: str, name: str) -> float:
     """The value of an unlabelled sample ``name`` in Prometheus text; 0.0 when absent."""
     match = re.search(rf"^{re.escape(name)} ([0-9.eE+-]+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+# A checkpoint as Spark 4.3 lays it out (tests/fixtures), with random bytes of the listed
+# sizes, and the files of one more batch.
+SPARK_CONF = {"spark.sql.shuffle.partitions": "2"}
+LISTING = Path(__file__).parent / "fixtures" / "spark_4_3_listings" / "hdfs_aggregation.txt"
+
+
+def offsets_file(batch_id: int, size: int) -> bytes:
+    """An offsets log entry as Spark writes it (version, metadata with the conf that pins
+    the state partitions, source offset), padded to ``size``."""
+    metadata = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": batch_id, "conf": SPARK_CONF})
+    body = f'v1\n{metadata}\n{{"logOffset":{batch_id}}}'.encode()
+    return body + b" " * max(0, size - len(body))
+
+
+def write_file(root: Path, path: str, size: int, rng: random.Random) -> Path:
+    target = root / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if path.startswith("offsets/") and path.rpartition("/")[2].isdigit():
+        target.write_bytes(offsets_file(int(path.rpartition("/")[2]), size))
+    else:
+        target.write_bytes(rng.randbytes(size))
+    return target
+
+
+def materialize(root: Path, rng: random.Random) -> None:
+    for line in LISTING.read_text().splitlines():
+        if not line.strip() or line.startswith(("#", "@")):
+            continue
+        size, path = line.split(" ", 1)
+        write_file(root, path, int(size), rng)
+
+
+def commit_next_batch(root: Path, rng: random.Random) -> list[Path]:
+    """Write what Spark writes for batch 20: offsets, state version 21, then the commit."""
+    paths = ["offsets/20", "state/0/0/21.delta", "state/0/1/21.delta", "commits/20"]
+    return [write_file(root, path, rng.randrange(90, 1200), rng) for path in paths]

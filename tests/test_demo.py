@@ -4,19 +4,17 @@ What it breaks (end to end): the driver's whole process group is SIGKILLed once 
 holds batch 2, two of five peers are SIGKILLed and the checkpoint directory is deleted.
 What must hold: the restored query and the killed one together emit exactly the rows of
 an uninterrupted run, and the demo says MATCH and exits 0. Spark runs in the demo's own
-driver subprocesses, so that test is a plain one (it skips without PySpark or Java).
+driver subprocesses, so that test is a plain one (without PySpark or Java it skips, or
+fails under SR3_REQUIRE_SPARK=1).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
-from support import next_base_port
+from support import next_base_port, require_spark
 
 from ring.errors import ConfigError
 from sr3 import demo
@@ -27,10 +25,7 @@ from sr3.spark_demo import Output, input_rows, read_output, write_inputs
 def test_spark_demo_restores_the_query_and_matches_the_reference(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    if importlib.util.find_spec("pyspark") is None:
-        pytest.skip("pyspark is not installed")
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java runtime for Spark")
+    require_spark()
     options = SparkDemoOptions(
         batches=4, kill_at=1, seed=3, trigger_s=0.5, base_port=next_base_port(),
         keep_dir=tmp_path / "demo",

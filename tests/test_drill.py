@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import next_base_port
 
 from ring.client import Client
 from ring.errors import PeerRejected
 from sr3.local import LocalCluster
-from tests.support import next_base_port
 
 FIELDS = {
     "topology", "recovery_s", "bytes", "throughput_mb_s", "max_fan_in", "verified",

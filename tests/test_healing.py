@@ -27,8 +27,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import SEED, SEED_ENV
-from support import HttpProbe, chunk_file, chunk_holders, metric_value, next_base_port
+from support import (
+    SEED,
+    SEED_ENV,
+    HttpProbe,
+    MakeCluster,
+    chunk_file,
+    chunk_holders,
+    metric_value,
+    next_base_port,
+)
 
 from ring import codec
 from ring.auth import generate_secret
@@ -39,7 +47,6 @@ from ring.overlay import DATAGRAM_BYTES_MAX
 from ring.placement import Member, Ring
 from sr3.local import LocalCluster, pick_port
 
-MakeCluster = Callable[..., LocalCluster]
 Check = Callable[[], Awaitable[tuple[bool, object]]]
 
 KIB = 1024

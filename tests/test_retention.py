@@ -25,8 +25,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from support import HttpProbe, chunk_holders, peer_address
-from test_state_sync import commit_next_batch, materialize
+from support import (
+    HttpProbe,
+    MakeCluster,
+    chunk_holders,
+    commit_next_batch,
+    materialize,
+    peer_address,
+)
 
 from recovery.executor import recover
 from ring import codec
@@ -40,7 +46,6 @@ from ring.transport import Transport
 from spark_connector.checkpoint import read_cut
 from spark_connector.sync import StateSync, ring_queries
 from sr3.local import LocalCluster
-from tests.conftest import MakeCluster
 
 QUIET = ["--scrub-rate", "0", "--repair-interval", "3600"]
 POLL_S = 0.2

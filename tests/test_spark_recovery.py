@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
-from support import chunk_holders
+from support import MakeCluster, chunk_holders, require_spark
 
 from ring.blobs import BlobRef
 from ring.client import ClientOptions, Source
@@ -44,9 +44,6 @@ from spark_connector.listener import make_listener
 from spark_connector.manifest import Manifest, manifests_prefix
 from spark_connector.sync import StateSync, latest_batch
 from sr3.local import LocalCluster
-
-if TYPE_CHECKING:
-    from tests.conftest import MakeCluster
 
 # Registers the ``spark`` marker and the session's SparkSession fixture (see
 # tests/test_checkpoint.py: helpers are imported inside the tests, after pytest has
@@ -421,8 +418,7 @@ def check_recovery(
 def pandas_spark(spark: Any) -> Iterator[Any]:
     """The session, with Python workers started from this interpreter (which has pandas
     and pyarrow) rather than whatever ``python3`` is first on PATH."""
-    pytest.importorskip("pandas")
-    pytest.importorskip("pyarrow")
+    require_spark("pandas", "pyarrow")
     context = spark.sparkContext
     previous = context.pythonExec
     context.pythonExec = sys.executable

@@ -11,13 +11,13 @@ not know restores to None.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import pytest
 import xxhash
 from prometheus_client import REGISTRY
+from support import MakeCluster, commit_next_batch, materialize
 
 import spark_connector.sync as sync_module
 from ring.blobs import BlobRef, Extent
@@ -27,42 +27,6 @@ from spark_connector.checkpoint import read_cut
 from spark_connector.manifest import ManifestFile
 from spark_connector.sync import StateSync, _Writer
 from sr3.local import LocalCluster
-from tests.conftest import MakeCluster
-
-SPARK_CONF = {"spark.sql.shuffle.partitions": "2"}
-LISTING = Path(__file__).parent / "fixtures" / "spark_4_3_listings" / "hdfs_aggregation.txt"
-
-
-def offsets_file(batch_id: int, size: int) -> bytes:
-    """An offsets log entry as Spark writes it (version, metadata with the conf that pins
-    the state partitions, source offset), padded to ``size``."""
-    metadata = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": batch_id, "conf": SPARK_CONF})
-    body = f'v1\n{metadata}\n{{"logOffset":{batch_id}}}'.encode()
-    return body + b" " * max(0, size - len(body))
-
-
-def write_file(root: Path, path: str, size: int, rng: random.Random) -> Path:
-    target = root / path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if path.startswith("offsets/") and path.rpartition("/")[2].isdigit():
-        target.write_bytes(offsets_file(int(path.rpartition("/")[2]), size))
-    else:
-        target.write_bytes(rng.randbytes(size))
-    return target
-
-
-def materialize(root: Path, rng: random.Random) -> None:
-    for line in LISTING.read_text().splitlines():
-        if not line.strip() or line.startswith(("#", "@")):
-            continue
-        size, path = line.split(" ", 1)
-        write_file(root, path, int(size), rng)
-
-
-def commit_next_batch(root: Path, rng: random.Random) -> list[Path]:
-    """Write what Spark writes for batch 20: offsets, state version 21, then the commit."""
-    paths = ["offsets/20", "state/0/0/21.delta", "state/0/1/21.delta", "commits/20"]
-    return [write_file(root, path, rng.randrange(90, 1200), rng) for path in paths]
 
 
 def test_push_uploads_only_new_files_and_restore_returns_the_cut(
