@@ -47,6 +47,7 @@ from urllib.parse import quote
 
 from ring import codec
 from ring.errors import ProtocolError
+from ring.membership import MEMBERS_MAX, Entry
 
 __all__ = [
     "ADMIN_KILL",
@@ -101,6 +102,9 @@ __all__ = [
     "parse_int",
     "parse_json_object",
     "parse_keys_request",
+    "parse_member_table",
+    "member_table_body",
+    "members_answer",
     "parse_members_answer",
     "parse_records_list",
     "parse_refs",
@@ -427,6 +431,23 @@ class RingDescription:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed ring description: {exc!r}") from exc
+
+
+def member_table_body(entries: Iterable[Entry]) -> dict[str, Any]:
+    """``POST /v1/gossip`` both ways (and a peer's saved ``members.json``)."""
+    return {"members": [entry.to_json() for entry in entries]}
+
+
+def parse_member_table(data: Any) -> list[Entry]:
+    members = data.get("members") if isinstance(data, dict) else None
+    if not isinstance(members, list) or len(members) > MEMBERS_MAX:
+        raise ProtocolError(f"'members' must be a list of at most {MEMBERS_MAX} entries")
+    return [Entry.from_json(item) for item in members]
+
+
+def members_answer(entries: Iterable[Entry], states: Mapping[str, str]) -> dict[str, Any]:
+    """``GET /v1/members``: every entry with the answering peer's view of its state."""
+    return {"members": [{**entry.to_json(), "state": states[entry.peer_id]} for entry in entries]}
 
 
 def parse_members_answer(answer: Any) -> list[dict[str, Any]]:

@@ -256,13 +256,7 @@ class Peer:
     async def members(self, request: web.Request) -> web.Response:
         table = self.node.table
         states = table.states()
-        return web.json_response(
-            {
-                "members": [
-                    {**entry.to_json(), "state": states[entry.peer_id]} for entry in table.entries()
-                ]
-            }
-        )
+        return web.json_response(api.members_answer(table.entries(), states))
 
     async def gossip(self, request: web.Request) -> web.Response:
         answer = self.node.gossiper.receive(api.parse_json_object(await request.read()))
