@@ -89,6 +89,7 @@ __all__ = [
     "REQUEST_BYTES_MAX",
     "RING",
     "ErrorBody",
+    "InfoSummary",
     "MemberState",
     "RingDescription",
     "Route",
@@ -99,6 +100,7 @@ __all__ = [
     "parse_exists_answer",
     "parse_exists_request",
     "parse_flag",
+    "parse_info",
     "parse_int",
     "parse_json_object",
     "parse_keys_request",
@@ -431,6 +433,42 @@ class RingDescription:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed ring description: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class InfoSummary:
+    """What ``sr3 status`` reads of ``GET /v1/info`` (the answer holds more, for people)."""
+
+    stored_bytes: int
+    chunk_count: int
+    record_count: int
+    epoch: int | None
+    hints_pending: int | None
+    repair_rounds: int | None
+    chunks_under_replicated: int | None
+    chunks_lost: int | None
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def parse_info(answer: Any) -> InfoSummary:
+    try:
+        repair = answer.get("repair") or {}
+        last = repair.get("last") or {}
+        return InfoSummary(
+            int(answer["stored_bytes"]),
+            int(answer["chunk_count"]),
+            int(answer["record_count"]),
+            _optional_int(answer.get("epoch")),
+            _optional_int(answer.get("hints_pending")),
+            _optional_int(repair.get("rounds")),
+            _optional_int(last.get("chunks_under_replicated")),
+            _optional_int(last.get("chunks_lost")),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed peer info: {exc!r}") from exc
 
 
 def member_table_body(entries: Iterable[Entry]) -> dict[str, Any]:

@@ -175,3 +175,17 @@ def test_versions_and_listing_answers() -> None:
     for parse in (api.parse_versions_answer, api.parse_records_list, api.parse_members_answer):
         with pytest.raises(ProtocolError):
             parse({"nothing": 1})
+
+
+def test_info_summary_reads_what_status_needs_and_refuses_garbage() -> None:
+    info = api.parse_info(
+        {
+            "stored_bytes": 10, "chunk_count": 2, "record_count": 1, "epoch": 3,
+            "hints_pending": 0, "repair": {"rounds": 4, "last": {"chunks_lost": 0}},
+        }
+    )  # fmt: skip
+    assert (info.stored_bytes, info.epoch, info.repair_rounds, info.chunks_lost) == (10, 3, 4, 0)
+    assert info.chunks_under_replicated is None
+    for bad in ({}, {"stored_bytes": "x", "chunk_count": 1, "record_count": 1}, [], None):
+        with pytest.raises(ProtocolError):
+            api.parse_info(bad)

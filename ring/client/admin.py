@@ -109,21 +109,21 @@ class Admin:
         try:
             async with asyncio.timeout(STATUS_TIMEOUT_S):
                 route = api.INFO
-                info = (await self._transport.request(address, route.method, route.pattern)).json()
-        except (PeerError, TimeoutError) as exc:
+                answer = await self._transport.request(address, route.method, route.pattern)
+                info = api.parse_info(answer.json())
+        except (PeerError, ProtocolError, TimeoutError) as exc:
             state = ring_state if ring_state in ("removed", "left") else "down"
             return PeerStatus(
                 peer_id, address, str(entry.get("zone", "")), state, ownership,
                 None, None, None, str(exc) or "timeout", ring_state=ring_state,
             )  # fmt: skip
-        last = (info.get("repair") or {}).get("last") or {}
         return PeerStatus(
             peer_id, address, str(entry.get("zone", "")), "up", ownership,
-            int(info["stored_bytes"]), int(info["chunk_count"]), int(info["record_count"]),
-            ring_state=ring_state, epoch=info.get("epoch"),
-            chunks_under_replicated=last.get("chunks_under_replicated"),
-            chunks_lost=last.get("chunks_lost"), hints_pending=info.get("hints_pending"),
-            repair_rounds=(info.get("repair") or {}).get("rounds"),
+            info.stored_bytes, info.chunk_count, info.record_count,
+            ring_state=ring_state, epoch=info.epoch,
+            chunks_under_replicated=info.chunks_under_replicated,
+            chunks_lost=info.chunks_lost, hints_pending=info.hints_pending,
+            repair_rounds=info.repair_rounds,
         )  # fmt: skip
 
     async def status(self) -> RingStatus:
