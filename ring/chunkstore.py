@@ -81,8 +81,8 @@ class ChunkStore:
         self._io = asyncio.Semaphore(io_concurrency)
         self._write_file = write_file
         self._index: dict[str, int] = {}
-        # chunk id -> clock() at its last store (new or repeated), since start:
-        # chunk collection leaves recently stored chunks alone.
+        # chunk id -> clock() (monotonic) at its last store (new or repeated), since
+        # start: chunk collection leaves recently stored chunks alone.
         self._last_stored: dict[str, float] = {}
         self._stored_bytes = 0
         self._quarantined = 0

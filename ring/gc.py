@@ -41,6 +41,7 @@ from typing import Any
 from ring import api
 from ring.chunkstore import ChunkStore
 from ring.errors import SR3Error
+from ring.loops import run_periodic
 from ring.membership import MemberTable
 from ring.records import RecordStore
 from ring.transport import Transport
@@ -90,6 +91,8 @@ class ChunkCollector:
         transport: Transport,
         settings: GcSettings,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.me = me
         self.table = table
@@ -97,7 +100,9 @@ class ChunkCollector:
         self.records = records
         self._transport = transport
         self.settings = settings
+        # Monotonic, like the chunk store's: the grace is measured within this run.
         self._clock = clock
+        self._wall_clock = wall_clock
         self._unreferenced_since: dict[str, float] = {}
         self.last: GcReport | None = None
         self.totals = GcReport()
@@ -105,12 +110,14 @@ class ChunkCollector:
     async def run(self) -> None:
         if self.settings.interval_s <= 0:
             return
-        while True:
-            await asyncio.sleep(self.settings.interval_s)
-            try:
-                await self.round()
-            except SR3Error as exc:
-                log.warning("chunk collection round failed: %s", exc)
+        await run_periodic(
+            "chunk collection",
+            self.round,
+            self.settings.interval_s,
+            first_at_once=False,
+            tolerated=(SR3Error,),
+            clock=self._clock,
+        )
 
     async def round(self) -> GcReport:
         report = GcReport()
@@ -118,7 +125,7 @@ class ChunkCollector:
         referenced = await self._referenced(report)
         if referenced is not None:
             await self._sweep(referenced, report)
-        report.finished_at = time.time()
+        report.finished_at = self._wall_clock()
         self.last = report
         for name in ("chunks_collected", "bytes_collected", "tombstones_purged"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(report, name))

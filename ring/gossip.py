@@ -17,32 +17,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from ring import api
 from ring.codec import compact_json
-from ring.errors import ProtocolError, SR3Error
-from ring.membership import MEMBERS_MAX, Entry, MemberTable
+from ring.errors import SR3Error
+from ring.loops import run_periodic
+from ring.membership import Entry, MemberTable
 from ring.transport import Transport
 
-__all__ = ["Gossiper", "decode_table", "encode_table"]
+__all__ = ["Gossiper"]
 
 log = logging.getLogger(__name__)
 
 FANOUT_DEFAULT = 3
 EXCHANGE_TIMEOUT_S = 2.0
-
-
-def encode_table(table: MemberTable) -> dict[str, Any]:
-    return {"members": [entry.to_json() for entry in table.entries()]}
-
-
-def decode_table(data: Any) -> list[Entry]:
-    members = data.get("members") if isinstance(data, dict) else None
-    if not isinstance(members, list) or len(members) > MEMBERS_MAX:
-        raise ProtocolError(f"'members' must be a list of at most {MEMBERS_MAX} entries")
-    return [Entry.from_json(item) for item in members]
 
 
 def _ids(entries: Collection[Entry]) -> set[str]:
@@ -61,8 +52,10 @@ class Gossiper:
         interval_s: float,
         fanout: int = FANOUT_DEFAULT,
         ready_after_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.table = table
+        self._clock = clock  # monotonic: times the wait for readiness
         self._transport = transport
         self._seeds = [seed for seed in seeds if seed != table.own.address]
         self._contacts = contacts
@@ -79,11 +72,11 @@ class Gossiper:
 
     def receive(self, data: Any) -> dict[str, Any]:
         """Handle an incoming exchange: merge it, answer with our table."""
-        changed = self.table.merge(decode_table(data))
+        changed = self.table.merge(api.parse_member_table(data))
         if changed:
             log.info("member table: learned %s", ", ".join(changed))
             self._changed = True
-        return encode_table(self.table)
+        return api.member_table_body(self.table.entries())
 
     _changed = False
 
@@ -94,10 +87,10 @@ class Gossiper:
                     address,
                     api.GOSSIP.method,
                     api.GOSSIP.pattern,
-                    body=compact_json(encode_table(self.table)),
+                    body=compact_json(api.member_table_body(self.table.entries())),
                     any_target=True,
                 )
-            theirs = decode_table(answer.json())
+            theirs = api.parse_member_table(answer.json())
             changed = self.table.merge(theirs)
         except (SR3Error, TimeoutError) as exc:
             log.debug("gossip with %s failed: %s", address, exc)
@@ -136,7 +129,7 @@ class Gossiper:
     async def run(self) -> None:
         """Beat every ``interval_s`` and start exchanges with peers not already being
         exchanged with; the exchanges finish (each within its timeout) in the background."""
-        started = asyncio.get_running_loop().time()
+        started = self._clock()
         busy: set[str] = set()
 
         async def exchange(address: str) -> None:
@@ -145,22 +138,23 @@ class Gossiper:
             finally:
                 busy.discard(address)
 
+        async def beat(group: asyncio.TaskGroup) -> None:
+            self.table.beat()
+            for address in self.targets(busy):
+                busy.add(address)
+                group.create_task(exchange(address))
+            await self._finish_round()
+            if not self.ready.is_set():
+                waited = self._clock() - started
+                if not self.targets() or waited >= self.ready_after_s:
+                    log.info(
+                        "gossip: no partner agreed on the members within %.0f s; "
+                        "serving with the table we have", self.ready_after_s,
+                    )  # fmt: skip
+                    self.ready.set()
+
         async with asyncio.TaskGroup() as group:
-            while True:
-                self.table.beat()
-                for address in self.targets(busy):
-                    busy.add(address)
-                    group.create_task(exchange(address))
-                await self._finish_round()
-                if not self.ready.is_set():
-                    waited = asyncio.get_running_loop().time() - started
-                    if not self.targets() or waited >= self.ready_after_s:
-                        log.info(
-                            "gossip: no partner agreed on the members within %.0f s; "
-                            "serving with the table we have", self.ready_after_s,
-                        )  # fmt: skip
-                        self.ready.set()
-                await asyncio.sleep(self.interval_s)
+            await run_periodic("gossip", lambda: beat(group), self.interval_s, clock=self._clock)
 
     async def announce(self, status: str, timeout_s: float) -> None:
         """Set our status and tell every known peer at once (stop, leave)."""

@@ -1,7 +1,7 @@
 """The member table: who is in the ring, and who is alive, as this peer sees it.
 
-Pure state, no I/O: gossip (``ring.gossip``) feeds it entries from other peers and the
-clock decides liveness. Each entry is owned by its peer, which alone changes its status
+Pure state, no I/O: gossip (``ring.gossip``) feeds it entries from other peers and a
+monotonic clock decides liveness. Each entry is owned by its peer, which alone changes its status
 and bumps its heartbeat; an entry replaces another only if its ``(epoch, heartbeat)`` is
 newer. ``epoch`` grows on every start of a peer, so a restarted peer's entries win over
 whatever the ring remembers of its previous life.
@@ -17,6 +17,10 @@ Liveness is judged locally with a suspicion timeout (documented in the README):
                once.
 
 A peer whose heartbeat advances again is ``up`` again, whatever it was before.
+
+Silence is a duration measured on this peer's monotonic clock, from the moment it saw a
+peer's heartbeat advance: never the wall clock, whose steps (NTP) would mark every peer
+down at once (forward) or hide a failure (backward).
 """
 
 from __future__ import annotations
@@ -96,7 +100,9 @@ class Timeouts:
 
 
 class MemberTable:
-    """Entries by peer id, with the local time each one last advanced."""
+    """Entries by peer id, with the local time each one last advanced.
+
+    ``clock`` is monotonic (``Clocks.monotonic``): it only measures silences."""
 
     def __init__(
         self, me: Entry, clock: Callable[[], float], timeouts: Timeouts = Timeouts()

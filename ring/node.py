@@ -15,15 +15,16 @@ import asyncio
 import json
 import logging
 import random
-import time
-from collections.abc import Callable
 from pathlib import Path
 
+from ring.api import member_table_body, parse_member_table
 from ring.chunkstore import ChunkStore, write_file_atomic
+from ring.clock import Clocks
 from ring.errors import ConfigError, ProtocolError
 from ring.gc import ChunkCollector, GcSettings
-from ring.gossip import Gossiper, decode_table
+from ring.gossip import Gossiper
 from ring.hints import HintStore
+from ring.loops import run_periodic
 from ring.membership import Entry, MemberTable, Timeouts
 from ring.overlay import Overlay
 from ring.peer_config import PeerConfig
@@ -69,32 +70,44 @@ def _load_members(path: Path) -> list[Entry]:
     if not path.exists():
         return []
     try:
-        return decode_table(json.loads(path.read_text()))
+        return parse_member_table(json.loads(path.read_text()))
     except (OSError, ValueError, ProtocolError) as exc:
         log.warning("ignoring saved member table %s: %s", path, exc)
         return []
 
 
 class Node:
-    def __init__(self, config: PeerConfig, clock: Callable[[], float]) -> None:
+    def __init__(self, config: PeerConfig, clocks: Clocks) -> None:
         self.config = config
-        self.clock = clock
+        # Durations (liveness, rate limits, pacing, grace periods held in memory) run on
+        # clocks.monotonic; clocks.wall is for what is stored or compared elsewhere.
+        self.clocks = clocks
+        # The wall clock: request signatures are checked against it (ring.peer).
+        self.clock = clocks.wall
         self.chunks = ChunkStore(
             config.data_dir,
             capacity_bytes=config.capacity_bytes,
             io_concurrency=config.io_concurrency,
+            clock=clocks.monotonic,
         )
-        self.records = RecordStore(config.data_dir, tombstone_ttl_s=config.tombstone_ttl_s)
+        self.records = RecordStore(
+            config.data_dir, tombstone_ttl_s=config.tombstone_ttl_s, wall_clock=clocks.wall
+        )
         self.hints = HintStore(config.data_dir)
-        self.data_transport = Transport(config.secret)
-        self.control_transport = Transport(config.secret, timeouts=CONTROL_TIMEOUTS)
+        # Signatures carry unix time: the peers that check them compare it with theirs.
+        self.data_transport = Transport(config.secret, clock=clocks.wall)
+        self.control_transport = Transport(
+            config.secret, timeouts=CONTROL_TIMEOUTS, clock=clocks.wall
+        )
         # Emulated egress link (``--egress-rate``), shared by chunk reads and recovery
         # streams so that both draw on one budget.
-        self.egress = TokenBucket(config.egress_rate_bytes_s, EGRESS_BURST_BYTES, time.monotonic)
+        self.egress = TokenBucket(config.egress_rate_bytes_s, EGRESS_BURST_BYTES, clocks.monotonic)
         # Foreground reads in flight: repair and scrubbing yield to them.
-        self.foreground = ForegroundGate(time.monotonic)
+        self.foreground = ForegroundGate(clocks.monotonic)
+        # The overlay's one clock stamps signed datagrams that other machines check
+        # against theirs (and ages its stored values): the wall clock.
         self.overlay: Overlay | None = (
-            Overlay(config.secret, config.peer_id, clock=clock) if config.overlay else None
+            Overlay(config.secret, config.peer_id, clock=clocks.wall) if config.overlay else None
         )
         self.epoch = 0
         self.leaving = asyncio.Event()
@@ -141,7 +154,7 @@ class Node:
         self.hints.open()
         me = Entry(config.peer_id, config.address, config.zone, "up", self.epoch, 0)
         timeouts = Timeouts(config.failure_timeout_s, config.removal_grace_s)
-        self._table = MemberTable(me, self.clock, timeouts)
+        self._table = MemberTable(me, self.clocks.monotonic, timeouts)
         self._table.merge(_load_members(config.data_dir / "members.json"))
         self._gossiper = Gossiper(
             self._table,
@@ -151,6 +164,7 @@ class Node:
             rng=random.Random(config.rng_seed),
             interval_s=config.gossip_interval_s,
             ready_after_s=config.failure_timeout_s,
+            clock=self.clocks.monotonic,
         )
         self._gossiper.on_change = self._save_members
         self._repairer = Repairer(
@@ -161,23 +175,24 @@ class Node:
                 zone_aware=config.zone_aware, interval_s=config.repair_interval_s,
                 rate_bytes_s=config.repair_rate_bytes_s,
             ),
-            self.clock, foreground=self.foreground,
+            clock=self.clocks.monotonic, wall_clock=self.clocks.wall, foreground=self.foreground,
         )  # fmt: skip
         self._scrubber = Scrubber(
             config.peer_id, self.chunks, self._table, self.ring, self.data_transport,
             replication=config.replication, rate_bytes_s=config.scrub_rate_bytes_s,
             interval_s=config.scrub_interval_s, foreground=self.foreground,
+            clock=self.clocks.monotonic,
         )  # fmt: skip
 
         self._collector = ChunkCollector(
             config.peer_id, self._table, self.chunks, self.records, self.control_transport,
             GcSettings(config.gc_interval_s, config.gc_grace_s),
+            self.clocks.monotonic, wall_clock=self.clocks.wall,
         )  # fmt: skip
 
     async def _save_members(self) -> None:
         """Remember the member table, so that a restarted peer knows the ring at once."""
-        entries = [entry.to_json() for entry in self.table.entries()]
-        data = json.dumps({"members": entries}).encode()
+        data = json.dumps(member_table_body(self.table.entries())).encode()
         path = self.config.data_dir / "members.json"
         await asyncio.to_thread(write_file_atomic, self.config.data_dir / "tmp", path, data)
 
@@ -240,10 +255,12 @@ class Node:
         await self.gossiper.announce("leaving", ANNOUNCE_TIMEOUT_S)
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):
-                while self.chunks.ids() or self.records.keys():
-                    await self.repairer.round()
-                    if self.chunks.ids() or self.records.keys():
-                        await asyncio.sleep(min(1.0, self.config.repair_interval_s))
+                await run_periodic(
+                    "hand-over",
+                    self.repairer.round,
+                    min(1.0, self.config.repair_interval_s),
+                    until=lambda: not (self.chunks.ids() or self.records.keys()),
+                )
         except TimeoutError:
             log.error("leaving: data not handed over within %.0f s", LEAVE_TIMEOUT_S)
         await self.gossiper.announce("left", ANNOUNCE_TIMEOUT_S)

@@ -1,5 +1,7 @@
 """A token bucket for bytes per second, with an injected clock and sleep.
 
+Both limits here measure durations: their clock is monotonic (``Clocks.monotonic``).
+
 Used to keep background work (repair, scrubbing) from starving foreground traffic.
 """
 

@@ -31,6 +31,7 @@ from ring import api
 from ring.chunkstore import ChunkStore
 from ring.errors import ChunkCorrupt, SR3Error
 from ring.hints import HintStore
+from ring.loops import run_periodic
 from ring.membership import MemberTable
 from ring.placement import Member, Ring
 from ring.ratelimit import ForegroundGate, TokenBucket
@@ -85,8 +86,9 @@ class Repairer:
         hints: HintStore,
         transport: Transport,
         settings: RepairSettings,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         *,
+        wall_clock: Callable[[], float] = time.time,
         foreground: ForegroundGate | None = None,
     ) -> None:
         self.me = me
@@ -97,8 +99,10 @@ class Repairer:
         self.hints = hints
         self._transport = transport
         self.settings = settings
-        self._clock = clock
-        self._bucket = TokenBucket(settings.rate_bytes_s, 8 * 1024 * 1024, time.monotonic)
+        self._clock = clock  # monotonic: pacing and the rate limit
+        # Reports stamp rounds with unix time: read by other processes (sr3 status).
+        self._wall_clock = wall_clock
+        self._bucket = TokenBucket(settings.rate_bytes_s, 8 * 1024 * 1024, clock)
         self._slots = asyncio.Semaphore(settings.transfers_max)
         self.last: RoundReport | None = None
         self.rounds = 0
@@ -112,24 +116,24 @@ class Repairer:
     async def run(self) -> None:
         """A round every ``interval_s``, the first one interval after start: a peer that
         just (re)joined lets its member table settle before it copies or deletes."""
-        while True:
-            await asyncio.sleep(self.settings.interval_s)
-            try:
-                await self.round()
-            except SR3Error as exc:
-                log.warning(
-                    "repair round failed, next in %.0f s: %s", self.settings.interval_s, exc
-                )
+        await run_periodic(
+            "repair",
+            self.round,
+            self.settings.interval_s,
+            first_at_once=False,
+            tolerated=(SR3Error,),
+            clock=self._clock,
+        )
 
     async def round(self) -> RoundReport:
-        report = RoundReport(started_at=self._clock())
+        report = RoundReport(started_at=self._wall_clock())
         ring = self.ring()
         live = set(self.table.live())
         members = {member.peer_id: member for member in ring.members}
         await self._deliver_hints(members, live, report)
         await self._repair_chunks(ring, members, live, report)
         await self._repair_records(ring, members, live, report)
-        report.finished_at = self._clock()
+        report.finished_at = self._wall_clock()
         self.last = report
         self.rounds += 1
         self._accumulate(report)

@@ -14,7 +14,6 @@ counts it among the lost.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 
 from ring.chunkstore import ChunkStore
 from ring.errors import ChunkCorrupt, SR3Error
+from ring.loops import run_periodic
 from ring.membership import MemberTable
 from ring.placement import Ring
 from ring.ratelimit import ForegroundGate, TokenBucket
@@ -59,8 +59,10 @@ class Scrubber:
         rate_bytes_s: float,
         interval_s: float = INTERVAL_S_DEFAULT,
         foreground: ForegroundGate | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._foreground = foreground
+        self._clock = clock  # monotonic: pacing and the rate limit
         self.me = me
         self.chunks = chunks
         self.table = table
@@ -69,7 +71,7 @@ class Scrubber:
         self._replication = replication
         self.enabled = rate_bytes_s > 0
         self.interval_s = interval_s
-        self._bucket = TokenBucket(rate_bytes_s, 4 * 1024 * 1024, time.monotonic)
+        self._bucket = TokenBucket(rate_bytes_s, 4 * 1024 * 1024, clock)
         self.stats = ScrubStats()
 
     async def run(self) -> None:
@@ -77,11 +79,14 @@ class Scrubber:
         when disabled (rate 0)."""
         if not self.enabled:
             return
-        while True:
-            started = time.monotonic()
-            await self.scrub_pass()
-            elapsed = time.monotonic() - started
-            await asyncio.sleep(max(IDLE_PAUSE_S, self.interval_s - elapsed))
+        await run_periodic(
+            "scrub",
+            self.scrub_pass,
+            self.interval_s,
+            pace="start",
+            pause_s_min=IDLE_PAUSE_S,
+            clock=self._clock,
+        )
 
     async def scrub_pass(self) -> None:
         for chunk_id in self.chunks.ids():

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
 from collections.abc import Sequence
 
 from aiohttp import web
 
+from ring.clock import SYSTEM_CLOCKS
 from ring.node import Node
 from ring.peer import AppExtension, build_app, runner_options
 from ring.peer_config import PeerConfig
@@ -29,7 +29,7 @@ async def serve(
 
     ``extensions`` add routes to the peer's API (``sr3 peer`` passes the recovery relay;
     ``ring`` itself does not know about recovery)."""
-    node = Node(config, time.time)
+    node = Node(config, SYSTEM_CLOCKS)
     node.open()
     runner = web.AppRunner(
         build_app(node, extensions),

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from ring.clock import Clocks
 from ring.errors import ProtocolError
 from ring.membership import Entry, MemberTable, Timeouts
+from ring.node import Node
+from ring.peer_config import PeerConfig
 
 
 class Clock:
@@ -88,3 +93,114 @@ def test_malformed_entries_are_refused(data: object) -> None:
 def test_grace_shorter_than_failure_timeout_is_refused() -> None:
     with pytest.raises(ValueError):
         MemberTable(entry("p1"), Clock(), Timeouts(failure_timeout_s=10, removal_grace_s=5))
+
+
+# -- clocks: liveness runs on the monotonic clock, whatever the wall clock does ----------
+
+HOUR_S = 3600.0
+
+
+class SteppedClocks:
+    """A monotonic clock that only moves forward, and a wall clock that can also step
+    (an NTP correction)."""
+
+    def __init__(self) -> None:
+        self.monotonic_now = 50.0
+        self.wall_now = 1_700_000_000.0
+        self.clocks = Clocks(monotonic=lambda: self.monotonic_now, wall=lambda: self.wall_now)
+
+    def tick(self, seconds: float, *, wall_step_s: float = 0.0) -> None:
+        self.monotonic_now += seconds
+        self.wall_now += seconds + wall_step_s
+
+
+def states_while_p2_beats(
+    members: MemberTable, time: SteppedClocks, wall_step_s: float
+) -> set[str]:
+    """p2 beats every second for 20 s; the wall clock steps by ``wall_step_s`` at 10 s.
+    Every state p2 was seen in, checked after each tick and before the next beat."""
+    members.merge([entry("p2")])
+    seen = set()
+    for second in range(1, 21):
+        time.tick(1.0, wall_step_s=wall_step_s if second == 10 else 0.0)
+        seen.add(members.liveness("p2"))
+        members.merge([entry("p2", heartbeat=second)])
+    return seen
+
+
+def states_while_p2_is_silent(
+    members: MemberTable, time: SteppedClocks, wall_step_s: float
+) -> list[str]:
+    """p2 beats once, then falls silent for 40 s (failure timeout 5 s, grace 30 s); the
+    wall clock steps by ``wall_step_s`` after 1 s. p2's state after 3, 10 and 40 s."""
+    members.merge([entry("p2")])
+    time.tick(1.0, wall_step_s=wall_step_s)
+    states = []
+    for silent_s in (2.0, 7.0, 30.0):
+        time.tick(silent_s)
+        states.append(members.liveness("p2"))
+    return states
+
+
+def node_table(tmp_path: Path, time: SteppedClocks) -> tuple[Node, MemberTable]:
+    """A peer's member table as ``Node`` wires it (no socket is opened)."""
+    config = PeerConfig(
+        "p1", "127.0.0.1", 7401, tmp_path, "s" * 32,
+        failure_timeout_s=5.0, removal_grace_s=30.0, overlay=False,
+    )  # fmt: skip
+    node = Node(config, time.clocks)
+    node.open()
+    return node, node.table
+
+
+@pytest.mark.parametrize("wall_step_s", [HOUR_S, -HOUR_S])
+async def test_a_wall_clock_step_marks_no_beating_peer_down(
+    tmp_path: Path, wall_step_s: float
+) -> None:
+    """Breaks: the wall clock steps an hour forward (or back) while p2 keeps beating and
+    the monotonic clock advances normally. Must hold: p2 is up at every check."""
+    time = SteppedClocks()
+    _, members = node_table(tmp_path, time)
+    assert states_while_p2_beats(members, time, wall_step_s) == {"up"}
+
+
+@pytest.mark.parametrize("wall_step_s", [HOUR_S, -HOUR_S, 0.0])
+async def test_a_silent_peer_goes_down_then_removed_on_the_monotonic_clock(
+    tmp_path: Path, wall_step_s: float
+) -> None:
+    """Breaks: p2 falls silent and the wall clock steps (a step back would hide the
+    silence from a wall-clock detector). Must hold: down after the failure timeout,
+    removed after the removal grace, as measured on the monotonic clock."""
+    time = SteppedClocks()
+    _, members = node_table(tmp_path, time)
+    assert states_while_p2_is_silent(members, time, wall_step_s) == ["up", "down", "removed"]
+
+
+def test_the_scenarios_catch_a_detector_on_the_wall_clock() -> None:
+    """The two scenarios above fail for a table fed the wall clock (what ``ring.server``
+    used to pass): a forward step marks a beating peer down, a backward one hides a
+    silent peer's failure."""
+    time = SteppedClocks()
+    members = MemberTable(entry("p1"), time.clocks.wall, Timeouts(5.0, 30.0))
+    assert states_while_p2_beats(members, time, HOUR_S) == {"up", "removed"}
+    time = SteppedClocks()
+    members = MemberTable(entry("p1"), time.clocks.wall, Timeouts(5.0, 30.0))
+    assert states_while_p2_is_silent(members, time, -HOUR_S) == ["up", "up", "up"]
+
+
+async def test_durations_of_a_node_ignore_wall_steps_and_stored_times_use_wall(
+    tmp_path: Path,
+) -> None:
+    """Breaks: the wall clock steps back an hour just after a foreground read ends.
+    Must hold: background work waits only the quiet period (monotonic), while a
+    tombstone stored afterwards carries the wall time (it is compared across restarts)."""
+    time = SteppedClocks()
+    node, _ = node_table(tmp_path, time)
+    node.foreground.enter()
+    node.foreground.leave()
+    assert node.foreground.busy
+    time.tick(1.0, wall_step_s=-HOUR_S)
+    assert not node.foreground.busy
+    tombstone = await node.records.delete("k", expected_version=0)
+    assert tombstone.deleted_at == time.wall_now
+    assert node.clock() == time.wall_now  # request signatures: compared across machines
