@@ -19,10 +19,10 @@ import pytest
 from support import HttpProbe, metric_value, peer_address
 
 from ring import codec
+from ring.api import EXISTS_IDS_MAX, REQUEST_BYTES_MAX
 from ring.auth import Signer
 from ring.client import Client
 from ring.errors import AuthError
-from ring.api import EXISTS_IDS_MAX, REQUEST_BYTES_MAX
 from sr3.local import LocalCluster
 
 WRONG_SECRET = "not-the-cluster-secret-0123456789"
