@@ -81,11 +81,12 @@ class Peer:
         self.node = node
         config = node.config
         self.config = config
-        self.clock = node.clock
-        self.started_at = node.clock()
+        self.monotonic = node.clocks.monotonic
+        self.started_at = self.monotonic()
         self.chunks = node.chunks
         self.records = node.records
-        self.verifier = Verifier(config.secret, node.clock)
+        # Signed timestamps are compared across machines: wall time.
+        self.verifier = Verifier(config.secret, node.clocks.wall)
         # The addresses a correctly targeted request may name.
         self.addresses = frozenset({config.address, f"{config.host}:{config.port}"})
         self.metrics = PeerMetrics()
@@ -211,7 +212,7 @@ class Peer:
                 "zone": self.config.zone,
                 "epoch": node.epoch,
                 "status": node.table.own.status,
-                "uptime_s": round(self.clock() - self.started_at, 3),
+                "uptime_s": round(self.monotonic() - self.started_at, 3),
                 "chunk_count": stats.chunk_count,
                 "stored_bytes": stats.stored_bytes,
                 "capacity_bytes": stats.capacity_bytes,
