@@ -1,0 +1,182 @@
+"""``sr3 peer``: run one storage peer; ``sr3 peer leave``: make one leave the ring.
+
+A peer process imports this module and nothing of the client or the local cluster: what
+the peer runs is imported inside the command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import click
+
+from ring.auth import SECRET_CHARS_MIN
+from ring.config import parse_size
+from ring.errors import ConfigError
+from ring.placement import VNODES_DEFAULT
+from sr3.cli._shared import fail_cleanly, parse_rate, ring_options, ring_settings
+
+
+def _seeds(text: str) -> tuple[str, ...]:
+    seeds = tuple(filter(None, (part.strip() for part in text.split(","))))
+    for seed in seeds:
+        host, _, port = seed.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"seed {seed!r} is not HOST:PORT")
+    return seeds
+
+
+@click.group(invoke_without_command=True)
+@click.option("--id", "peer_id", envvar="SR3_PEER_ID", help="Stable peer id (required).")
+@click.option("--listen", envvar="SR3_LISTEN", help="HOST:PORT to serve on (required).")
+@click.option(
+    "--advertise", envvar="SR3_ADVERTISE", help="HOST:PORT others reach (default: --listen)."
+)
+@click.option(
+    "--data", "data_dir", envvar="SR3_DATA",
+    type=click.Path(file_okay=False, path_type=Path), help="Data folder (required).",
+)  # fmt: skip
+@click.option(
+    "--seeds", default="", envvar="SR3_SEEDS",
+    help="Comma-separated HOST:PORT of peers to join through (none for the first peer).",
+)  # fmt: skip
+@click.option("--zone", default="", envvar="SR3_ZONE", help="Failure zone of this peer.")
+@click.option("--replication", default=3, show_default=True, type=click.IntRange(1, 16))
+@click.option("--write-quorum", default=2, show_default=True, type=click.IntRange(1, 16))
+@click.option("--vnodes", default=VNODES_DEFAULT, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--zone-aware/--no-zone-aware", default=False, help="Spread replicas over zones.")
+@click.option("--capacity", help="Storage capacity, e.g. 100GiB (default: the disk).")
+@click.option(
+    "--failure-timeout", default=5.0, show_default=True, envvar="SR3_FAILURE_TIMEOUT",
+    type=click.FloatRange(0.1), help="Seconds without a heartbeat before a peer is down.",
+)  # fmt: skip
+@click.option(
+    "--removal-grace", default=60.0, show_default=True, envvar="SR3_REMOVAL_GRACE",
+    type=click.FloatRange(0.1),
+    help="Seconds without a heartbeat before a peer leaves placement and is re-replicated.",
+)  # fmt: skip
+@click.option("--gossip-interval", default=1.0, show_default=True, type=click.FloatRange(0.05))
+@click.option("--repair-interval", default=10.0, show_default=True, type=click.FloatRange(0.05))
+@click.option("--repair-rate", default="64MB/s", show_default=True, help="Repair bandwidth cap.")
+@click.option(
+    "--scrub-rate", default="8MB/s", show_default=True,
+    help="Scrubber read rate cap (0: no scrubbing).",
+)  # fmt: skip
+@click.option(
+    "--scrub-interval", default=24 * 3600.0, show_default=True, type=click.FloatRange(0),
+    help="Seconds from the start of one scrub pass over every chunk to the next "
+    "(0: back to back).",
+)  # fmt: skip
+@click.option(
+    "--gc-interval", default=300.0, show_default=True, type=click.FloatRange(0),
+    help="Seconds between chunk collection rounds (0: never collect).",
+)  # fmt: skip
+@click.option(
+    "--gc-grace", default=3600.0, show_default=True, type=click.FloatRange(0),
+    help="Seconds a chunk no record references is kept (since it was last stored and since "
+    "it was last referenced) before it is collected.",
+)  # fmt: skip
+@click.option(
+    "--tombstone-ttl", default=7 * 24 * 3600.0, show_default=True, type=click.FloatRange(0),
+    help="Seconds a deleted record's tombstone is kept.",
+)  # fmt: skip
+@click.option("--overlay/--no-overlay", default=True, help="Run the Kademlia discovery overlay.")
+@click.option("--seed", "rng_seed", type=int, help="Seed for gossip partner choice (replays).")
+@click.option(
+    "--egress-rate", default="0", show_default=True,
+    help="Network emulation, not a production control: cap on the bytes this peer sends "
+    "in chunk reads and recovery streams, e.g. 50MB/s (0: no cap).",
+)  # fmt: skip
+@click.option(
+    "--added-latency", "added_latency_ms", default=0.0, show_default=True,
+    type=click.FloatRange(0, 60_000),
+    help="Network emulation: milliseconds this peer waits before answering a chunk read "
+    "or starting a recovery stream.",
+)  # fmt: skip
+@click.option(
+    "--enable-admin-kill", "admin_kill", is_flag=True, envvar="SR3_ENABLE_ADMIN_KILL",
+    help="Let `sr3 drill --ring` kill this peer through POST /v1/admin/kill (off by default).",
+)  # fmt: skip
+@click.option(
+    "--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File holding the cluster secret (else SR3_SECRET).",
+)  # fmt: skip
+@click.option("--log-level", default="INFO", show_default=True)
+@click.pass_context
+@fail_cleanly
+def peer(
+    ctx: click.Context, peer_id: str | None, listen: str | None, advertise: str | None,
+    data_dir: Path | None, seeds: str, zone: str, replication: int, write_quorum: int,
+    vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
+    removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
+    scrub_rate: str, scrub_interval: float, gc_interval: float, gc_grace: float,
+    tombstone_ttl: float, overlay: bool, rng_seed: int | None, egress_rate: str,
+    added_latency_ms: float, admin_kill: bool, secret_file: Path | None, log_level: str,
+) -> None:  # fmt: skip
+    """Run one storage peer in the foreground until SIGTERM or Ctrl-C (`sr3 peer leave`
+    makes a peer leave the ring for good).
+
+    --egress-rate and --added-latency emulate a slower network on one machine (drills,
+    benchmarks): a token bucket on what the peer sends and a delay before it answers."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from recovery.relay import install as install_recovery_relay
+    from ring.peer_config import PeerConfig
+    from ring.server import run_peer
+
+    if not (peer_id and listen and data_dir):
+        raise ConfigError("sr3 peer needs --id, --listen and --data (or SR3_* variables)")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    secret = secret_file.read_text().strip() if secret_file else os.environ.get("SR3_SECRET", "")
+    if len(secret) < SECRET_CHARS_MIN:
+        raise ConfigError(f"a cluster secret of at least {SECRET_CHARS_MIN} characters is required")
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
+    if write_quorum > replication:
+        raise ConfigError("--write-quorum cannot exceed --replication")
+    if removal_grace < failure_timeout:
+        raise ConfigError("--removal-grace cannot be shorter than --failure-timeout")
+    config = PeerConfig(
+        peer_id=peer_id, host=host, port=int(port), data_dir=data_dir, secret=secret,
+        seeds=_seeds(seeds), zone=zone, replication=replication, write_quorum=write_quorum,
+        vnodes=vnodes, zone_aware=zone_aware,
+        capacity_bytes=parse_size(capacity) if capacity else None,
+        advertise=advertise or listen, failure_timeout_s=failure_timeout,
+        removal_grace_s=removal_grace, gossip_interval_s=gossip_interval,
+        repair_interval_s=repair_interval, repair_rate_bytes_s=parse_rate(repair_rate),
+        scrub_rate_bytes_s=parse_rate(scrub_rate), scrub_interval_s=scrub_interval,
+        gc_interval_s=gc_interval, gc_grace_s=gc_grace,
+        tombstone_ttl_s=tombstone_ttl, overlay=overlay, rng_seed=rng_seed,
+        egress_rate_bytes_s=parse_rate(egress_rate), added_latency_ms=added_latency_ms,
+        admin_kill=admin_kill,
+    )  # fmt: skip
+    # ring/ does not import recovery/: the relay's route is wired in here.
+    run_peer(config, extensions=(install_recovery_relay,))
+
+
+@peer.command("leave")
+@click.argument("peer_id")
+@ring_options
+@click.option("--wait/--no-wait", default=True, help="Wait until the peer has left.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float)
+@fail_cleanly
+def peer_leave(
+    peer_id: str, ring: str | None, secret_file: Path | None, wait: bool, timeout_s: float
+) -> None:
+    """Make PEER_ID hand its data over to the rest of the ring and leave it for good."""
+    from ring.client import Client
+
+    settings = ring_settings(ring, secret_file)
+
+    async def run() -> None:
+        async with Client(settings.ring, settings.secret) as client:
+            await client.leave(peer_id, wait=wait, timeout_s=timeout_s)
+
+    asyncio.run(run())
+    click.echo(f"{peer_id} has left the ring" if wait else f"{peer_id} is leaving the ring")

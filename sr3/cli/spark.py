@@ -1,0 +1,100 @@
+"""``sr3 spark``: Spark queries' state on the ring (list, restore, forget)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ring.sync_client import SyncClient
+from sr3.cli._shared import fail_cleanly, ring_options, ring_settings
+
+
+@click.group()
+def spark() -> None:
+    """Spark queries' state on the ring: list, restore, forget."""
+
+
+@spark.command("list")
+@click.option("--query", help="Only this query.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@ring_options
+@fail_cleanly
+def spark_list(
+    query: str | None, as_json: bool, ring: str | None, secret_file: Path | None
+) -> None:
+    """Queries with state on the ring and the batches kept for each."""
+    from spark_connector.sync import ring_queries
+
+    settings = ring_settings(ring, secret_file)
+    with SyncClient(settings.ring, settings.secret) as client:
+        queries = ring_queries(client, query)
+    if as_json:
+        entries = [
+            {"query": name, "batches": batches, "latest": batches[-1]}
+            for name, batches in queries.items()
+        ]
+        click.echo(json.dumps({"queries": entries}, indent=2))
+        return
+    if not queries:
+        click.echo("no query has state on the ring")
+        return
+    for name, batches in queries.items():
+        shown = ", ".join(str(batch) for batch in batches)
+        click.echo(f"{name}  latest {batches[-1]}  batches {shown}")
+
+
+@spark.command("restore")
+@click.option("--query", required=True, help="Name the query was registered under.")
+@click.option("--to", "target", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Checkpoint directory to create (empty or absent).")  # fmt: skip
+@click.option("--batch", "batch_id", type=click.IntRange(0), help="Batch (default: newest).")
+@click.option("--topology", default="auto", show_default=True,
+              help="star, line, tree[:FANOUT] or auto.")  # fmt: skip
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty --to directory.")
+@ring_options
+@fail_cleanly
+def spark_restore(
+    query: str, target: Path, batch_id: int | None, topology: str, overwrite: bool,
+    ring: str | None, secret_file: Path | None,
+) -> None:  # fmt: skip
+    """Restore a query's checkpoint directory from the ring; start the query on it."""
+    from spark_connector.sync import StateSync
+
+    settings = ring_settings(ring, secret_file)
+    sync = StateSync(settings.ring, query, target, settings.secret)
+    try:
+        restored = sync.restore(topology, batch_id=batch_id, overwrite=overwrite)
+        report = sync.last_restore
+    finally:
+        sync.close()
+    if restored is None or report is None:
+        click.echo(f"the ring has no state of query {query!r}", err=True)
+        sys.exit(3)
+    recovery = report.recovery
+    click.echo(
+        f"restored batch {restored} of {query} into {sync.checkpoint_dir}: {report.files} "
+        f"files, {report.bytes_total} bytes, {recovery.topology} in {recovery.seconds:.2f} s"
+        + (f" ({recovery.reason})" if recovery.reason else "")
+    )
+
+
+@spark.command("forget")
+@click.option("--query", required=True, help="Name the query was registered under.")
+@click.option("--keep", required=True, type=click.IntRange(0),
+              help="Newest batches to keep (0: forget the query).")  # fmt: skip
+@ring_options
+@fail_cleanly
+def spark_forget(query: str, keep: int, ring: str | None, secret_file: Path | None) -> None:
+    """Delete a query's older batches from the ring (peers collect their chunks once no
+    kept batch references them, after --gc-grace)."""
+    from spark_connector.manifest import check_query_name
+    from spark_connector.sync import forget
+
+    settings = ring_settings(ring, secret_file)
+    with SyncClient(settings.ring, settings.secret) as client:
+        deleted = forget(client, check_query_name(query), keep)
+    shown = ", ".join(str(batch) for batch in deleted) or "none"
+    click.echo(f"{query}: deleted {len(deleted)} batches ({shown}); kept the newest {keep}")
