@@ -992,6 +992,7 @@ def replays_steps(cut: Cut) -> bool:
     return any(entry.path.endswith((".delta", ".changelog")) for entry in cut.files)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("provider", SPARK_PROVIDERS)
 def test_spark_reads_and_restarts_from_copied_cuts(

@@ -22,6 +22,7 @@ from sr3.demo import SparkDemoOptions, compare_outputs, run_spark_demo
 from sr3.spark_demo import Output, input_rows, read_output, write_inputs
 
 
+@pytest.mark.slow
 def test_spark_demo_restores_the_query_and_matches_the_reference(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -40,6 +40,7 @@ def _drill(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
     return completed.returncode, json.loads(report.read_text())
 
 
+@pytest.mark.slow
 def test_local_drill_recovers_with_every_topology_and_heals(tmp_path: Path) -> None:
     plot = tmp_path / "drill.png"
     code, report = _drill(
@@ -61,6 +62,7 @@ def test_local_drill_recovers_with_every_topology_and_heals(tmp_path: Path) -> N
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_drill_with_k_at_least_r_reports_the_unrecoverable_state(tmp_path: Path) -> None:
     """With 5 peers, R=3, 16 MiB in 4 MiB chunks and seed 1, killing 3 peers takes every
     replica of exactly one chunk (placement is deterministic for this seed)."""
@@ -77,6 +79,7 @@ def test_drill_with_k_at_least_r_reports_the_unrecoverable_state(tmp_path: Path)
         assert entry["lost_ranges"] and sum(r[1] for r in entry["lost_ranges"]) == 4 * 2**20
 
 
+@pytest.mark.slow
 def test_remote_drill_kills_through_the_admin_endpoint(tmp_path: Path) -> None:
     cluster = LocalCluster.create(
         tmp_path / "ring", 5, cluster_file=tmp_path / "ring.json", base_port=next_base_port(),

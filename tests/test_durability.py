@@ -34,6 +34,7 @@ async def _read(cluster: LocalCluster, ref: BlobRef) -> bytes:
         return await client.get_blob(ref)
 
 
+@pytest.mark.slow
 async def test_64mib_blob_survives_sigkill_of_any_two_of_five_peers(
     make_cluster: Callable[..., LocalCluster], rng: random.Random
 ) -> None:

@@ -47,6 +47,9 @@ from ring.overlay import DATAGRAM_BYTES_MAX
 from ring.placement import Member, Ring
 from sr3.local import LocalCluster, pick_port
 
+# Real clusters healing under faults, seconds each: out of the `-m "not slow"` inner loop.
+pytestmark = pytest.mark.slow
+
 Check = Callable[[], Awaitable[tuple[bool, object]]]
 
 KIB = 1024

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from support import (
     HttpProbe,
     MakeCluster,
@@ -46,6 +47,9 @@ from ring.transport import Transport
 from spark_connector.checkpoint import read_cut
 from spark_connector.sync import StateSync, ring_queries
 from sr3.local import LocalCluster
+
+# Real clusters waiting out grace periods: out of the `-m "not slow"` inner loop.
+pytestmark = pytest.mark.slow
 
 QUIET = ["--scrub-rate", "0", "--repair-interval", "3600"]
 POLL_S = 0.2

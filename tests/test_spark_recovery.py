@@ -50,6 +50,9 @@ from sr3.local import LocalCluster
 # loaded the plugin, so that its assertions are rewritten).
 pytest_plugins = ("spark_fixtures",)
 
+# Real Spark and real rings end to end: out of the `-m "not slow"` inner loop.
+pytestmark = pytest.mark.slow
+
 # pandas 3 works for what these queries do; PySpark 4.3 warns about it on every plan.
 PANDAS_3_WARNING = "ignore:PySpark does not yet fully support pandas:FutureWarning"
 REPOSITORY = Path(__file__).resolve().parent.parent
