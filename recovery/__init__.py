@@ -1,9 +1,39 @@
 """Recovery: plans (star, line, tree), the cost model that picks one, the executor that
-fetches a manifest's chunks along a plan, and multi-failure drills."""
+fetches a manifest's chunks along a plan, and multi-failure drills.
 
-from recovery.cost import Choice, Estimate, Network, Workload, choose, estimate
-from recovery.executor import RecoveryResult, locate, recover, recover_blob
-from recovery.plan import TOPOLOGIES, ChunkSpec, Plan, PlanNode, Topology, build_plan
+Names are imported on first use: a peer process loads ``recovery.relay`` (its side of
+line and tree recovery) without the executor and the client it drives.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from recovery.cost import Choice, Estimate, Network, Workload, choose, estimate
+    from recovery.executor import RecoveryResult, locate, recover, recover_blob
+    from recovery.plan import TOPOLOGIES, ChunkSpec, Plan, PlanNode, Topology, build_plan
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "TOPOLOGIES": "recovery.plan",
+    "Choice": "recovery.cost",
+    "ChunkSpec": "recovery.plan",
+    "Estimate": "recovery.cost",
+    "Network": "recovery.cost",
+    "Plan": "recovery.plan",
+    "PlanNode": "recovery.plan",
+    "RecoveryResult": "recovery.executor",
+    "Topology": "recovery.plan",
+    "Workload": "recovery.cost",
+    "build_plan": "recovery.plan",
+    "choose": "recovery.cost",
+    "estimate": "recovery.cost",
+    "locate": "recovery.executor",
+    "recover": "recovery.executor",
+    "recover_blob": "recovery.executor",
+}
 
 __all__ = [
     "TOPOLOGIES",
@@ -23,3 +53,16 @@ __all__ = [
     "recover",
     "recover_blob",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'recovery' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -50,8 +50,10 @@ def test_sr3_refuses_an_unknown_name() -> None:
 
 
 def test_the_peer_program_does_not_load_the_client_or_the_local_cluster() -> None:
+    """What ``sr3 peer`` imports (the CLI, its peer command, the peer server and the
+    recovery relay it installs) loads neither the client nor the local cluster."""
     probe = (
-        "import sys, sr3.cli; "
+        "import sys, sr3.cli, sr3.cli.peer, ring.server, ring.peer_config, recovery.relay; "
         "print(sorted(m for m in ('ring.client', 'sr3.local', 'spark_connector', "
         "'recovery.executor') if m in sys.modules))"
     )
@@ -59,3 +61,16 @@ def test_the_peer_program_does_not_load_the_client_or_the_local_cluster() -> Non
         [sys.executable, "-c", probe], check=True, capture_output=True, text=True
     ).stdout
     assert out.strip() == "[]", out
+
+
+def test_recovery_exports_resolve_lazily() -> None:
+    import recovery
+
+    for name in recovery.__all__:
+        assert getattr(recovery, name) is not None
+    try:
+        recovery.nothing_here  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("recovery.nothing_here resolved")
