@@ -74,3 +74,16 @@ def test_recovery_exports_resolve_lazily() -> None:
         pass
     else:
         raise AssertionError("recovery.nothing_here resolved")
+
+
+def test_every_command_in_the_cli_table_resolves_to_that_command() -> None:
+    import click
+
+    from sr3.cli import cli
+
+    context = click.Context(cli)
+    names = cli.list_commands(context)
+    assert {"peer", "cluster", "status", "put", "get", "spark", "drill", "demo"} <= set(names)
+    for name in names:
+        command = cli.get_command(context, name)
+        assert command is not None and command.name == name
