@@ -1,0 +1,171 @@
+"""Part 3 of the connector benchmark: build a query's RocksDB state to ``--state-mib``
+with every batch pushed to the ring, then time the first batch after a restart from the
+ring (``restore()`` into an empty directory) against one from an intact local copy of
+the same checkpoint, in alternating order."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from connector_probes import (
+    Bench,
+    RecordingSync,
+    RegisteredQuery,
+    cut_state_bytes,
+    listing,
+    ring_stored_bytes,
+    settle,
+    step_figures,
+    tree_bytes,
+)
+from connector_settings import BUILD_BATCHES_MAX, MIB, PROVIDER_CONF, PROVIDERS
+from connector_spark import batches_from, check_query, start_keys_query, write_ids
+from connector_stats import Listing, cpu_delta, restart_summary, upload_summary
+
+from spark_connector.sync import StateSync
+
+RESTART_QUERY = "restart-state"
+
+
+def build_state(bench: Bench, input_dir: Path, checkpoint: Path) -> dict[str, Any]:
+    """Run the keys query with the connector until the cut holds ``--state-mib`` of state;
+    every batch is pushed before the next starts. Stops the query."""
+    settings, cluster = bench.settings, bench.cluster
+    target_bytes = settings.state_mib * MIB
+    sync = RecordingSync(cluster.ring, RESTART_QUERY, checkpoint, cluster.secret)
+    query = start_keys_query(bench.spark, input_dir, sync.checkpoint_dir)
+    steps: list[dict[str, Any]] = []
+    state_bytes = state_files = 0
+    listed: Listing = {}  # the query's own first files count as the first batch's
+    started = time.perf_counter()
+    try:
+        sync.register(RegisteredQuery(query, bench.spark))
+        stored_before = ring_stored_bytes(bench.client)
+        while state_bytes < target_bytes:
+            index = len(steps)
+            if index >= BUILD_BATCHES_MAX:
+                raise RuntimeError(f"state still {state_bytes} bytes after {index} batches")
+            write_ids(input_dir, index, index * settings.build_rows, settings.build_rows)
+            query.processAllAvailable()
+            check_query(query)
+            batch = batches_from(query, index)
+            if [figures.batch_id for figures in batch] != [index]:
+                raise RuntimeError(f"expected batch {index}, got {batch}")
+            flush_s = sync.wait_pushed(index)
+            before, listed = listed, listing(checkpoint)
+            steps.append(step_figures(sync, before, listed))
+            state_bytes, state_files = cut_state_bytes(checkpoint)
+            steps[-1] |= asdict(batch[0]) | {"flush_wait_s": round(flush_s, 3)}
+            steps[-1] |= {"cut_state_bytes": state_bytes}
+            bench.log(
+                f"  build batch {index}: {batch[0].trigger_ms} ms, state {state_bytes / MIB:.0f} "
+                f"MiB in {state_files} files, pushed in {flush_s:.1f} s"
+            )
+        stored_after = ring_stored_bytes(bench.client)
+    finally:
+        sync.close()
+        query.stop()
+    return {
+        "build_s": round(time.perf_counter() - started, 1),
+        "batch_id": len(steps) - 1,
+        "state_rows": steps[-1]["state_rows"],
+        "cut_state_bytes": state_bytes,
+        "cut_state_files": state_files,
+        "cut_bytes": steps[-1]["cut_bytes"],
+        "state_dir_bytes_on_disk": tree_bytes(checkpoint / "state"),
+        "checkpoint_bytes_on_disk": tree_bytes(checkpoint),
+        "ring_stored_bytes_delta": stored_after - stored_before,
+        "upload": upload_summary(steps),
+    }
+
+
+def run_first_batch(bench: Bench, input_dir: Path, checkpoint: Path, batch_id: int) -> Any:
+    """Start the keys query on ``checkpoint`` with ``availableNow`` and wait until it
+    terminated after its one batch; (wall seconds, the batch's figures)."""
+    started = time.perf_counter()
+    query = start_keys_query(bench.spark, input_dir, checkpoint, available_now=True)
+    query.awaitTermination()
+    wall_s = time.perf_counter() - started
+    check_query(query)
+    batches = batches_from(query, batch_id)
+    if [batch.batch_id for batch in batches] != [batch_id]:
+        raise RuntimeError(f"expected only batch {batch_id} after the restart, got {batches}")
+    return wall_s, batches[0]
+
+
+def restart_trial(
+    bench: Bench, path: str, input_dir: Path, checkpoint: Path, target: Path, batch_id: int
+) -> dict[str, Any]:
+    """One restart after ``batch_id`` into ``target``: from the ring or from a local copy."""
+    cluster = bench.cluster
+    if path == "local":
+        shutil.copytree(checkpoint, target, symlinks=True)
+    restorer = StateSync(cluster.ring, RESTART_QUERY, target, cluster.secret)
+    settle(bench.settings.settle_s)
+    cpu_before = bench.processes.sample()
+    started = time.perf_counter()
+    restore_s = 0.0
+    try:
+        if path == "ring":
+            restored = restorer.restore(topology=bench.settings.restore_topology)
+            restore_s = time.perf_counter() - started
+            if restored != batch_id:
+                raise RuntimeError(f"the ring restored batch {restored}, not {batch_id}")
+    finally:
+        restorer.close()
+    restored_bytes = tree_bytes(target)
+    wall_s, batch = run_first_batch(bench, input_dir, target, batch_id + 1)
+    total_s = time.perf_counter() - started
+    recovery = restorer.last_restore.recovery if restorer.last_restore is not None else None
+    return {
+        "path": path,
+        "topology": recovery.topology if recovery is not None else None,
+        "topology_reason": recovery.reason if recovery is not None else None,
+        "total_s": round(total_s, 3),
+        "restore_s": round(restore_s, 3),
+        "first_batch_s": round(wall_s, 3),
+        "first_batch_trigger_ms": batch.trigger_ms,
+        "first_batch_add_batch_ms": batch.add_batch_ms,
+        "state_rows": batch.state_rows,
+        "checkpoint_bytes_at_start": restored_bytes,
+        "cpu_s": cpu_delta(cpu_before, bench.processes.sample()),
+    }
+
+
+def measure_restart(bench: Bench) -> dict[str, Any]:
+    settings = bench.settings
+    bench.spark.conf.set(PROVIDER_CONF, PROVIDERS["rocksdb"])
+    root = bench.work / "restart"
+    input_dir, checkpoint = root / "in", root / "ckpt"
+    input_dir.mkdir(parents=True)
+    build = build_state(bench, input_dir, checkpoint)
+    bench.log(
+        f"  state: {build['cut_state_bytes'] / MIB:.0f} MiB in the cut "
+        f"({build['state_rows']} rows) after {build['batch_id'] + 1} batches, {build['build_s']} s"
+    )
+    files = build["batch_id"] + 1
+    write_ids(input_dir, files, files * settings.build_rows, settings.restart_rows)
+    # Untimed: the first restart in a JVM loads and compiles code the later ones reuse.
+    warmup = restart_trial(
+        bench, "local", input_dir, checkpoint, root / "warmup", build["batch_id"]
+    )
+    shutil.rmtree(root / "warmup", ignore_errors=True)
+    bench.log(f"  warm-up restart (not counted): {warmup['total_s']:.2f} s")
+    trials = []
+    for trial in range(settings.restarts):
+        for path in ("ring", "local") if trial % 2 == 0 else ("local", "ring"):
+            target = root / f"{path}-{trial}"
+            figures = restart_trial(bench, path, input_dir, checkpoint, target, build["batch_id"])
+            shutil.rmtree(target, ignore_errors=True)
+            trials.append({"trial": trial, **figures})
+            bench.log(
+                f"  restart {trial + 1}/{settings.restarts} {path:>5}: "
+                f"{figures['total_s']:.2f} s (restore {figures['restore_s']:.2f} s, "
+                f"first batch {figures['first_batch_s']:.2f} s)"
+                + (f" {figures['topology']}" if figures["topology"] else "")
+            )
+    return restart_summary(build, trials)

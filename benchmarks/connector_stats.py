@@ -1,0 +1,138 @@
+"""Pure figures of the connector benchmark: medians, CPU deltas, new checkpoint bytes
+between two listings, the upload and restart summaries, and the block-pair ratios with
+their seeded bootstrap interval. Functions of values only: no Spark, no ring, no I/O."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from connector_settings import TARGET_RESTART_RATIO
+
+# A checkpoint listing: relative path -> (size, mtime_ns).
+Listing = dict[str, tuple[int, int]]
+
+
+def hidden_or_temporary(path: str) -> bool:
+    """What no cut holds: hidden parts (Hadoop ``.crc`` side files) and ``*.tmp``."""
+    parts = path.split("/")
+    return any(part.startswith(".") for part in parts) or parts[-1].endswith(".tmp")
+
+
+@dataclass(frozen=True, slots=True)
+class NewFiles:
+    """Checkpoint files that are new or changed between two listings."""
+
+    files: int
+    bytes_all: int
+    bytes_visible: int
+
+
+def new_files(before: Listing, after: Listing) -> NewFiles:
+    changed = [path for path, stat in after.items() if before.get(path) != stat]
+    return NewFiles(
+        files=len(changed),
+        bytes_all=sum(after[path][0] for path in changed),
+        bytes_visible=sum(after[path][0] for path in changed if not hidden_or_temporary(path)),
+    )
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def cpu_delta(
+    before: dict[str, float | None], after: dict[str, float | None]
+) -> dict[str, float | None]:
+    delta: dict[str, float | None] = {}
+    for name, start in before.items():
+        end = after.get(name)
+        delta[name] = None if start is None or end is None else end - start
+    return delta
+
+
+def upload_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    uploaded = sum(step["uploaded_bytes"] for step in steps)
+    visible = sum(step["new_bytes_visible"] for step in steps)
+    every = sum(step["new_bytes_all"] for step in steps)
+    ratios = [
+        step["uploaded_bytes"] / step["new_bytes_visible"]
+        for step in steps
+        if step["new_bytes_visible"]
+    ]
+    return {
+        "batches": len(steps),
+        "uploaded_bytes": uploaded,
+        "new_bytes_visible": visible,
+        "new_bytes_all": every,
+        "ratio_visible": uploaded / visible if visible else None,
+        "ratio_all": uploaded / every if every else None,
+        "ratio_per_batch_max": max(ratios, default=None),
+        "uploaded_bytes_per_batch_median": median([step["uploaded_bytes"] for step in steps]),
+        "new_bytes_visible_per_batch_median": median([step["new_bytes_visible"] for step in steps]),
+        "push_s_median": median([s for step in steps for s in step["push_s"]]),
+        "steps": list(steps),
+    }
+
+
+def extra_cpu(with_side: dict[str, Any], without_side: dict[str, Any]) -> dict[str, Any]:
+    """CPU seconds per batch the connector side spent beyond the other, per process group:
+    steadier than durations on a busy machine (the push's work shows up here even when it
+    runs on an otherwise idle core)."""
+    batches = with_side["batches"]
+    extra: dict[str, Any] = {}
+    for name, seconds in with_side["cpu_s"].items():
+        other = without_side["cpu_s"].get(name)
+        missing = seconds is None or other is None or not batches
+        extra[name] = None if missing else round((seconds - other) / batches, 4)
+    return extra
+
+
+def pair_ratios(
+    with_blocks: Sequence[dict[str, Any]], without_blocks: Sequence[dict[str, Any]]
+) -> list[float]:
+    return [
+        round(ours["trigger_ms_median"] / theirs["trigger_ms_median"], 3)
+        for ours, theirs in zip(with_blocks, without_blocks, strict=True)
+    ]
+
+
+def pair_interval(ratios: Sequence[float], resamples: int = 10_000) -> list[float]:
+    """The mean of the block-pair ratios and a bootstrap 95 % interval of it (seeded):
+    how far one run's figure can be trusted, given how much the pairs spread."""
+    if not ratios:
+        return []
+    draw = random.Random(0)
+    means = sorted(statistics.fmean(draw.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    low, high = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+    return [round(statistics.fmean(ratios), 3), round(low, 3), round(high, 3)]
+
+
+def bench_batches(block: dict[str, Any]) -> int:
+    first, last = block["batch_ids"]
+    return int(last) - int(first) + 1
+
+
+def restart_summary(build: dict[str, Any], trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def of(path: str, name: str) -> float | None:
+        return median([trial[name] for trial in trials if trial["path"] == path])
+
+    ring_s, local_s = of("ring", "total_s"), of("local", "total_s")
+    ratio = ring_s / local_s if ring_s is not None and local_s else None
+    restore_s = of("ring", "restore_s")
+    return {
+        "ring_total_s_median": ring_s,
+        "local_total_s_median": local_s,
+        "ratio": ratio,
+        "target_ratio": TARGET_RESTART_RATIO,
+        "target_met": ratio is not None and ratio <= TARGET_RESTART_RATIO,
+        "restore_s_median": restore_s,
+        "restore_mb_s": build["cut_bytes"] / 1e6 / restore_s if restore_s else None,
+        "first_batch_after_ring_s_median": of("ring", "first_batch_s"),
+        "first_batch_after_local_s_median": of("local", "first_batch_s"),
+        "build": build,
+        "trials": list(trials),
+    }
