@@ -1,14 +1,19 @@
 """Spark Structured Streaming connector: checkpoint directories to manifests and back.
 
-The consistent cut of a checkpoint per committed batch (``checkpoint``), manifests
-(``manifest``), and ``StateSync``, which pushes cuts to the ring (by hand or from a
-``StreamingQueryListener`` after every commit), keeps the newest few per query, and
-restores the newest (or a given) one along a recovery topology.
+The consistent cut of a checkpoint per committed batch (``cut``, read from disk by
+``checkpoint``), manifests (``manifest``), and ``StateSync`` (``sync``), which pushes cuts
+to the ring (``push``: by hand or from a ``StreamingQueryListener`` after every commit),
+keeps the newest few per query (``catalog``), and restores the newest (or a given) one
+along a recovery topology (``restore``).
 """
 
-from spark_connector.checkpoint import CheckpointError, Cut, FileEntry, read_cut
+from spark_connector.catalog import forget, ring_queries
+from spark_connector.checkpoint import read_cut
+from spark_connector.cut import CheckpointError, Cut, FileEntry
 from spark_connector.manifest import Manifest
-from spark_connector.sync import PushReport, RestoreReport, StateSync, forget, ring_queries
+from spark_connector.push import PushReport
+from spark_connector.restore import RestoreReport
+from spark_connector.sync import StateSync
 
 __all__ = [
     "CheckpointError",

@@ -1,6 +1,6 @@
 """Manifests: one committed batch of one query, as the ring stores it.
 
-A manifest lists every file of a batch's consistent cut (``spark_connector.checkpoint``)
+A manifest lists every file of a batch's consistent cut (``spark_connector.cut``)
 with its size, xxh3-128 digest and extents (the chunks that hold it). It is written only
 after every chunk it names is on its write quorum, as record
 ``spark/<query>/batches/<batch id, 12 digits>``, and carries those chunks as the record's

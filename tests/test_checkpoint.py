@@ -22,16 +22,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from spark_connector.checkpoint import (
+from spark_connector.checkpoint import list_checkpoint, read_cut, read_offsets, read_sst_references
+from spark_connector.cut import (
     CheckpointError,
     Cut,
     FileEntry,
     committed_batches,
     cut_for_batch,
-    list_checkpoint,
-    read_cut,
-    read_offsets,
-    read_sst_references,
     snapshot_zips,
 )
 

@@ -44,8 +44,9 @@ from ring.membership import Entry, MemberTable, Timeouts
 from ring.records import RecordStore
 from ring.sync_client import SyncClient
 from ring.transport import Transport
+from spark_connector.catalog import ring_queries
 from spark_connector.checkpoint import read_cut
-from spark_connector.sync import StateSync, ring_queries
+from spark_connector.sync import StateSync
 from sr3.local import LocalCluster
 
 # Real clusters waiting out grace periods: out of the `-m "not slow"` inner loop.

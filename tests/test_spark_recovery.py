@@ -39,10 +39,12 @@ from support import MakeCluster, chunk_holders, require_spark
 from ring.blobs import BlobRef
 from ring.client import ClientOptions, Source
 from ring.sync_client import SyncClient
-from spark_connector.checkpoint import committed_batches, list_checkpoint, read_cut
+from spark_connector.catalog import latest_batch
+from spark_connector.checkpoint import list_checkpoint, read_cut
+from spark_connector.cut import committed_batches
 from spark_connector.listener import make_listener
 from spark_connector.manifest import Manifest, manifests_prefix
-from spark_connector.sync import StateSync, latest_batch
+from spark_connector.sync import StateSync
 from sr3.local import LocalCluster
 
 # Registers the ``spark`` marker and the session's SparkSession fixture (see

@@ -19,13 +19,15 @@ import xxhash
 from prometheus_client import REGISTRY
 from support import MakeCluster, commit_next_batch, materialize
 
-import spark_connector.sync as sync_module
+import spark_connector.restore as restore_module
 from ring.blobs import BlobRef, Extent
 from ring.errors import ConfigError, SR3Error
 from ring.sync_client import SyncClient
+from spark_connector.catalog import forget
 from spark_connector.checkpoint import read_cut
 from spark_connector.manifest import ManifestFile
-from spark_connector.sync import StateSync, _Writer
+from spark_connector.restore import _Writer
+from spark_connector.sync import StateSync
 from sr3.local import LocalCluster
 
 
@@ -90,7 +92,7 @@ def test_a_pusher_uploads_everything_again_once_its_manifest_is_forgotten_elsewh
             first = sync.push()
             assert sync.push().bytes_read == 0, "unchanged files were uploaded again"
             with SyncClient(cluster.ring, cluster.secret) as other:
-                assert sync_module.forget(other, sync.query, 0) == [first.batch_id]
+                assert forget(other, sync.query, 0) == [first.batch_id]
             assert sync.latest_batch() is None
         # Within recheck_s the forget goes unseen (the peers' grace covers it) ...
         assert trusting.push().bytes_read == 0
@@ -165,7 +167,7 @@ def test_restore_writer_checks_each_file_whatever_order_chunks_arrive_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_max: int
 ) -> None:
     """Pieces ahead of a gap are held in memory or, past the bound, read back."""
-    monkeypatch.setattr(sync_module, "AHEAD_BYTES_MAX", held_max)
+    monkeypatch.setattr(restore_module, "AHEAD_BYTES_MAX", held_max)
     rng = random.Random(5)
     chunks = {f"c{index}": rng.randbytes(1000 + index) for index in range(8)}
     layout = {

@@ -1,0 +1,279 @@
+"""Restoring a query's batch from the ring into its checkpoint directory.
+
+``restore_manifest`` fetches a manifest's chunks along a recovery topology (star, line,
+tree, or ``auto``: the cost model picks) into a staging directory next to the target,
+writes each chunk at its extents' offsets as it arrives and verifies every file against
+its digest (``_Writer``), points the small metadata files that name the old checkpoint
+path at the new one, and renames the staging directory into place: the target holds the
+whole batch, byte-identical, or is left as it was. ``newest_manifest`` finds the newest
+manifest of a query (listed again when retention deletes it before it is read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import xxhash
+
+from recovery.executor import RecoveryResult, recover
+from recovery.plan import Topology, parse_topology
+from ring.errors import ConfigError, SR3Error
+from ring.files import READ_BYTES, fsync_dir
+from ring.sync_client import SyncClient
+from spark_connector.catalog import latest_batch
+from spark_connector.manifest import Manifest, ManifestFile, manifest_key
+
+__all__ = ["RestoreReport", "newest_manifest", "read_manifest", "restore_manifest"]
+
+# A restore lists the ring again when the newest manifest vanished (retention) before
+# it was read, at most this many times.
+LIST_ATTEMPTS_MAX = 3
+# Small files whose contents may name the checkpoint's absolute path (transformWithState
+# operator metadata): rewritten when a state is restored into another directory.
+REWRITE_BYTES_MAX = 1024 * 1024
+# A restore holds chunk pieces that arrive ahead of their file's digest up to this many
+# bytes; past it, such pieces are read back from the written file instead.
+AHEAD_BYTES_MAX = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    batch_id: int
+    files: int
+    bytes_total: int
+    recovery: RecoveryResult
+
+
+def read_manifest(client: SyncClient, query: str, batch_id: int) -> Manifest | None:
+    """The manifest of ``query``'s batch ``batch_id``, or None when the ring has none."""
+    record = client.get_record(manifest_key(query, batch_id))
+    return None if record is None else Manifest.from_json(json.loads(record.value))
+
+
+def newest_manifest(client: SyncClient, query: str) -> Manifest | None:
+    """The newest manifest of ``query``, or None when the ring has none (listed again
+    when retention deletes the newest listed before it is read)."""
+    for _attempt in range(LIST_ATTEMPTS_MAX):
+        batch_id = latest_batch(client, query)
+        if batch_id is None:
+            return None
+        manifest = read_manifest(client, query, batch_id)
+        if manifest is not None:
+            return manifest
+    raise SR3Error(f"the newest manifest of query {query} kept vanishing (retention)")
+
+
+def restore_manifest(
+    client: SyncClient,
+    manifest: Manifest,
+    target: Path,
+    topology: Topology | str = "auto",
+    *,
+    overwrite: bool = False,
+) -> RestoreReport:
+    """Restore ``manifest``'s files into directory ``target``, which must be empty or
+    absent unless ``overwrite``."""
+    if target.exists() and any(target.iterdir()) and not overwrite:
+        raise ConfigError(f"{target} is not empty (pass overwrite=True to replace it)")
+    staging = target.with_name(f".{target.name}.sr3-restoring")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        result = _fetch(client, manifest, staging, topology)
+        _rewrite_root(staging, manifest.root, str(target))
+        _swap_in(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return RestoreReport(manifest.batch_id, len(manifest.files), manifest.size, result)
+
+
+def _fetch(client: SyncClient, manifest: Manifest, staging: Path, topology: str) -> RecoveryResult:
+    writer = _Writer(staging, manifest.files)
+    try:
+        result = client.run(
+            recover(client.client, manifest.chunk_ids(), _topology(topology), writer.sink)
+        )
+    finally:
+        writer.close()
+    writer.verify()
+    return result
+
+
+def _topology(name: str) -> Topology | Literal["auto"]:
+    if name == "auto":
+        return "auto"
+    try:
+        return parse_topology(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+class _Writer:
+    """Writes chunks, in any order, at their extents' offsets in every file they hold,
+    and checks each file against its digest as it is written.
+
+    A file's digest is fed from the chunks in memory: a piece that arrives ahead of a gap
+    is held (up to ``AHEAD_BYTES_MAX`` in all) until the gap is filled, or, past that
+    bound, read back from the file (page cache) then. So a restore reads nothing back
+    unless chunks arrive far out of file order, and never more than the whole.
+
+    A file is fsynced as soon as its last byte is written (from the writing thread), so
+    that the disk's writeback overlaps the rest of the fetch instead of following it."""
+
+    def __init__(self, root: Path, files: Sequence[ManifestFile]) -> None:
+        self.files = files
+        self.paths = [root / f.path for f in files]
+        self.placements: dict[str, list[tuple[int, int, int, int]]] = {}
+        self.fds: list[int] = []
+        self._lock = threading.Condition()
+        self._writing = 0  # writes in worker threads (close waits for them)
+        self._left = [file.blob.size for file in files]  # bytes not yet written, per file
+        self._synced = [False] * len(files)
+        self._delivered: set[str] = set()
+        self._hashers = [xxhash.xxh3_128() for _ in files]
+        self._hashed = [0] * len(files)  # bytes fed to each file's digest, from its start
+        # Per file: offset -> piece written but not yet fed (its length when not held).
+        self._ahead: list[dict[int, memoryview | int]] = [{} for _ in files]
+        self._held = 0  # bytes of the pieces held
+        self._mismatched: list[str] = []
+        for index, (file, path) in enumerate(zip(files, self.paths, strict=True)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            self.fds.append(fd)
+            os.ftruncate(fd, file.blob.size)
+            offset = 0
+            for extent in file.blob.extents:
+                self.placements.setdefault(extent.chunk_id, []).append(
+                    (index, offset, extent.offset, extent.length)
+                )
+                offset += extent.length
+
+    async def sink(self, chunk_id: str, raw: bytes | memoryview) -> None:
+        # In a worker thread: the event loop keeps receiving while pages are written
+        # (measured: a 294 MiB restore took 1.06 s writing on the loop, 0.68 s so).
+        await asyncio.to_thread(self._write, chunk_id, raw)
+
+    def _write(self, chunk_id: str, raw: bytes | memoryview) -> None:
+        with self._lock:
+            if not self.fds:
+                return  # closed: a fetch that failed left this write behind
+            self._writing += 1
+        try:
+            self._write_placements(chunk_id, raw)
+        finally:
+            with self._lock:
+                self._writing -= 1
+                self._lock.notify_all()
+
+    def _write_placements(self, chunk_id: str, raw: bytes | memoryview) -> None:
+        view = memoryview(raw)
+        placements = self.placements[chunk_id]
+        for index, file_offset, chunk_offset, length in placements:
+            done = 0
+            while done < length:
+                start = chunk_offset + done
+                done += os.pwrite(
+                    self.fds[index], view[start : chunk_offset + length], file_offset + done
+                )
+        complete: list[int] = []
+        with self._lock:
+            if chunk_id in self._delivered:
+                return
+            self._delivered.add(chunk_id)
+            for index, file_offset, chunk_offset, length in placements:
+                self._feed(index, file_offset, view[chunk_offset : chunk_offset + length])
+                self._left[index] -= length
+                if self._left[index] == 0 and not self._synced[index]:
+                    self._synced[index] = True
+                    complete.append(index)
+                    self._check(index)
+        for index in complete:
+            os.fsync(self.fds[index])
+
+    def _feed(self, index: int, offset: int, piece: memoryview) -> None:
+        """Feed file ``index``'s digest up to where it is written contiguously (under
+        the lock: pieces of one file are fed in order)."""
+        if offset != self._hashed[index]:
+            if self._held + len(piece) <= AHEAD_BYTES_MAX:
+                self._ahead[index][offset] = piece
+                self._held += len(piece)
+            else:
+                self._ahead[index][offset] = len(piece)
+            return
+        hasher, ahead = self._hashers[index], self._ahead[index]
+        hasher.update(piece)
+        self._hashed[index] += len(piece)
+        while (waiting := ahead.pop(self._hashed[index], None)) is not None:
+            if isinstance(waiting, memoryview):
+                hasher.update(waiting)
+                self._held -= len(waiting)
+                self._hashed[index] += len(waiting)
+            else:
+                self._read_back(index, waiting)
+
+    def _read_back(self, index: int, length: int) -> None:
+        position, end = self._hashed[index], self._hashed[index] + length
+        while position < end:
+            data = os.pread(self.fds[index], min(READ_BYTES, end - position), position)
+            if not data:
+                raise SR3Error(f"restored {self.files[index].path} is shorter than written")
+            self._hashers[index].update(data)
+            position += len(data)
+        self._hashed[index] = end
+
+    def _check(self, index: int) -> None:
+        file = self.files[index]
+        if self._hashed[index] != file.blob.size or (
+            self._hashers[index].hexdigest() != file.blob.digest
+        ):
+            self._mismatched.append(file.path)
+
+    def close(self) -> None:
+        # A cancelled sink's thread may still be writing: never close an fd under it.
+        with self._lock:
+            while self._writing:
+                self._lock.wait()
+            fds, self.fds = self.fds, []
+            for index, file in enumerate(self.files):
+                if file.blob.size == 0 and not self._synced[index]:
+                    self._check(index)  # empty: no chunk ever completes it
+        for index, fd in enumerate(fds):
+            if not self._synced[index]:
+                os.fsync(fd)
+            os.close(fd)
+
+    def verify(self) -> None:
+        """After ``close``: every file whole and matching its digest."""
+        unwritten = [file.path for file, left in zip(self.files, self._left, strict=True) if left]
+        if unwritten:
+            raise SR3Error(f"restore left {len(unwritten)} file(s) incomplete: {unwritten[0]}")
+        if self._mismatched:
+            raise SR3Error(f"restored {self._mismatched[0]} does not match its digest")
+        for directory in {path.parent for path in self.paths}:
+            fsync_dir(directory)
+
+
+def _rewrite_root(staging: Path, old_root: str, new_root: str) -> None:
+    """Point small metadata files that name the old checkpoint path at the new one."""
+    if old_root == new_root:
+        return
+    old, new = old_root.encode(), new_root.encode()
+    for path in staging.glob("state/*/_metadata/**/*"):
+        if path.is_file() and path.stat().st_size <= REWRITE_BYTES_MAX:
+            data = path.read_bytes()
+            if old in data:
+                path.write_bytes(data.replace(old, new))
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
+    fsync_dir(target.parent)
