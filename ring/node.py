@@ -104,10 +104,12 @@ class Node:
         self.egress = TokenBucket(config.egress_rate_bytes_s, EGRESS_BURST_BYTES, clocks.monotonic)
         # Foreground reads in flight: repair and scrubbing yield to them.
         self.foreground = ForegroundGate(clocks.monotonic)
-        # The overlay's one clock stamps signed datagrams that other machines check
-        # against theirs (and ages its stored values): the wall clock.
+        # The overlay stamps signed datagrams that other machines check against their
+        # clocks (wall time) and ages the values it stores (monotonic).
         self.overlay: Overlay | None = (
-            Overlay(config.secret, config.peer_id, clock=clocks.wall) if config.overlay else None
+            Overlay(config.secret, config.peer_id, clock=clocks.wall, monotonic=clocks.monotonic)
+            if config.overlay
+            else None
         )
         self.epoch = 0
         self.leaving = asyncio.Event()

@@ -163,6 +163,7 @@ class Overlay:
         peer_id: str,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
         ksize: int = 20,
         alpha: int = 3,
         refresh_interval_s: float = 60.0,
@@ -179,7 +180,10 @@ class Overlay:
         self._refresh_interval_s = refresh_interval_s
         self._rng = rng if rng is not None else random.Random()
         ttl_s = VALUE_TTL_REFRESHES * refresh_interval_s
-        self._storage = BoundedStorage(clock, values_max, ttl_s)
+        # Signed timestamps are compared across machines (``clock``, wall time); how long
+        # a stored value lives is a duration (``monotonic``; the same clock if not given,
+        # so a test steps one fake clock).
+        self._storage = BoundedStorage(monotonic or clock, values_max, ttl_s)
         self._protocol = OverlayProtocol(
             self._node,
             self._storage,
