@@ -36,6 +36,7 @@ PUBLIC = {
 
 def test_sr3_exports_exactly_the_public_api_and_each_name_resolves() -> None:
     assert set(sr3.__all__) == PUBLIC
+    assert PUBLIC <= set(dir(sr3))
     for name in PUBLIC:
         assert getattr(sr3, name).__name__ == name
 
