@@ -128,7 +128,8 @@ async def _warm_up(client: Client, state: BlobRef, work: Path, options: DrillOpt
     await asyncio.to_thread(_touch_pages, work / "warm-up-pages.bin", state.size)
     for chunk_id in list(dict.fromkeys(e.chunk_id for e in state.extents))[:WARM_UP_READS]:
         await client.fetch_chunk(chunk_id)
-    ref = await client.put_blob(b"sr3 drill warm-up " * 4096)
+    # Scratch data read back at once and never named: collected after the grace.
+    ref = await client.chunks.put_blob(b"sr3 drill warm-up " * 4096)
     for topology in TOPOLOGIES:
         await recover_blob(
             client, ref, work / "warm-up.bin", topology, fan_in=options.fan_in,

@@ -117,8 +117,17 @@ class Settings:
     cluster: ClusterFile | None
 
 
-def resolve(ring: str | None, secret: str | None) -> Settings:
-    """Ring and secret from flags, then ``SR3_RING``/``SR3_SECRET``, then the cluster file."""
+def resolve(
+    ring: str | None,
+    secret: str | None,
+    *,
+    ring_hint: str = "--ring",
+    secret_hint: str = "--secret-file",
+) -> Settings:
+    """Ring and secret from flags, then ``SR3_RING``/``SR3_SECRET``, then the cluster file.
+
+    ``ring_hint`` and ``secret_hint`` name how the caller passes them (CLI flags by
+    default, ``ring=``/``secret=`` for ``Client``) in the error when none is found."""
     ring = ring or os.environ.get("SR3_RING") or None
     secret = secret or os.environ.get("SR3_SECRET") or None
     cluster: ClusterFile | None = None
@@ -129,11 +138,12 @@ def resolve(ring: str | None, secret: str | None) -> Settings:
         secret = secret or cluster.secret
     if ring is None:
         raise ConfigError(
-            f"no ring given: pass --ring, set SR3_RING, or start one with "
+            f"no ring given: pass {ring_hint}, set SR3_RING, or start one with "
             f"`sr3 cluster up` (no cluster file at {path})"
         )
     if secret is None:
         raise ConfigError(
-            "no secret given: pass --secret-file, set SR3_SECRET, or use a cluster file"
+            f"no secret given: pass {secret_hint}, set SR3_SECRET, or use a cluster file "
+            f"(none at {path})"
         )
     return Settings(ring, secret, cluster)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from ring.blobs import BlobRef
 from ring.client import Client, ClientOptions, Progress, RecordValue, RingStatus, Source
+from ring.client.client import FileInfo
 
 __all__ = ["SyncClient"]
 
@@ -23,8 +24,15 @@ T = TypeVar("T")
 
 
 class SyncClient:
+    """``Client``'s calls, blocking. ``ring`` and ``secret`` default as for ``Client``
+    (``SR3_RING``/``SR3_SECRET``, else the cluster file of ``sr3 cluster up``)."""
+
     def __init__(
-        self, ring: str | Sequence[str], secret: str, *, options: ClientOptions | None = None
+        self,
+        ring: str | Sequence[str] | None = None,
+        secret: str | None = None,
+        *,
+        options: ClientOptions | None = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -35,7 +43,7 @@ class SyncClient:
 
     @staticmethod
     async def _make(
-        ring: str | Sequence[str], secret: str, options: ClientOptions | None
+        ring: str | Sequence[str] | None, secret: str | None, options: ClientOptions | None
     ) -> Client:
         return Client(ring, secret, options=options or ClientOptions())
 
@@ -72,26 +80,43 @@ class SyncClient:
         """Run a coroutine that uses ``client`` on the client's loop; wait for its result."""
         return self._call(coroutine)
 
-    def put_blob(self, data: bytes) -> BlobRef:
-        return self._call(self._client.put_blob(data))
+    # -- named files: kept until deleted ------------------------------------------------
 
-    def get_blob(self, ref: BlobRef) -> bytes:
-        return self._call(self._client.get_blob(ref))
+    def put_file(self, path: Path, key: str, *, progress: Progress | None = None) -> FileInfo:
+        return self._call(self._client.put_file(path, key, progress=progress))
 
-    def put_sources(self, sources: Sequence[Source]) -> list[BlobRef]:
-        return self._call(self._client.put_sources(sources))
+    def put_bytes(self, data: bytes, key: str) -> FileInfo:
+        return self._call(self._client.put_bytes(data, key))
 
-    def put_file(self, path: Path, *, progress: Progress | None = None) -> BlobRef:
-        return self._call(self._client.put_file(path, progress=progress))
+    def get_file(self, key: str | BlobRef, path: Path, *, progress: Progress | None = None) -> None:
+        self._call(self._client.get_file(key, path, progress=progress))
 
-    def get_file(self, ref: BlobRef, path: Path, *, progress: Progress | None = None) -> None:
-        self._call(self._client.get_file(ref, path, progress=progress))
+    def get_bytes(self, key: str) -> bytes:
+        return self._call(self._client.get_bytes(key))
+
+    def file_info(self, key: str) -> FileInfo:
+        return self._call(self._client.file_info(key))
+
+    def list_files(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, FileInfo]:
+        return self._call(self._client.list_files(prefix, limit=limit))
+
+    def delete_file(self, key: str) -> int:
+        return self._call(self._client.delete_file(key))
 
     def store_file(self, path: Path, key: str, *, progress: Progress | None = None) -> BlobRef:
         return self._call(self._client.store_file(path, key, progress=progress))
 
     def lookup_file(self, key: str) -> BlobRef:
         return self._call(self._client.lookup_file(key))
+
+    # -- chunks: internal ---------------------------------------------------------------
+
+    def put_sources(self, sources: Sequence[Source]) -> list[BlobRef]:
+        """Internal: ``Client.put_sources``. The caller must write a record naming the
+        returned refs' chunks within the peers' ``--gc-grace``, or they are collected."""
+        return self._call(self._client.put_sources(sources))
+
+    # -- records ------------------------------------------------------------------------
 
     def get_record(self, key: str, *, include_deleted: bool = False) -> RecordValue | None:
         return self._call(self._client.get_record(key, include_deleted=include_deleted))

@@ -3,7 +3,10 @@
 This package is the front door: the ``sr3`` command line, the embedded local cluster,
 the demos, and the names users import::
 
-    from sr3 import Client, SyncClient, ClientOptions, BlobRef, LocalCluster
+    from sr3 import Client, SyncClient, FileInfo, ClientOptions, LocalCluster
+
+``Client()`` and ``SyncClient()`` find the ring as the command line does; what they store
+is named (``put_file(path, key)``, ``put_bytes(data, key)``) and kept until deleted.
 
 The names live in the layers below (``ring`` for the client and errors); they are
 imported on first use, so a peer process started as ``python -m sr3 peer`` loads only
@@ -19,6 +22,7 @@ from ring.exports import lazy_exports
 if TYPE_CHECKING:
     from ring.blobs import BlobRef, Extent
     from ring.client import Client, ClientOptions, RecordValue, RingStatus, Source
+    from ring.client.client import FileInfo
     from ring.errors import (
         AuthError,
         ChunkCorrupt,
@@ -42,6 +46,7 @@ _EXPORTS = {
     "ConfigError": "ring.errors",
     "DataUnavailable": "ring.errors",
     "Extent": "ring.blobs",
+    "FileInfo": "ring.client.client",
     "LocalCluster": "sr3.local",
     "NotFound": "ring.errors",
     "QuorumError": "ring.errors",
@@ -62,6 +67,7 @@ __all__ = [
     "ConfigError",
     "DataUnavailable",
     "Extent",
+    "FileInfo",
     "LocalCluster",
     "NotFound",
     "QuorumError",

@@ -40,7 +40,7 @@ async def test_read_with_every_replica_gone_raises_data_unavailable_naming_chunk
     data = rng.randbytes(6 * 64 * 1024 + 123)
     options = ClientOptions(replication=1, write_quorum=1, chunk_bytes=64 * 1024)
     async with Client(ring.ring, ring.secret, options=options) as client:
-        ref = await client.put_blob(data)
+        ref = await client.chunks.put_blob(data)
     chunk_ids = [extent.chunk_id for extent in ref.extents]
     holder_of = {}
     for chunk_id in chunk_ids:
@@ -54,7 +54,7 @@ async def test_read_with_every_replica_gone_raises_data_unavailable_naming_chunk
     output = tmp_path / "restored.bin"
     async with Client(ring.ring, ring.secret) as client:
         with pytest.raises(DataUnavailable) as unavailable:
-            await client.get_blob(ref)
+            await client.chunks.get_blob(ref)
         assert unavailable.value.missing == list(dict.fromkeys(lost))
         assert lost[0] in str(unavailable.value)
         with pytest.raises(DataUnavailable):
@@ -73,14 +73,14 @@ async def test_read_with_all_three_replicas_killed_raises_data_unavailable(
     hold: DataUnavailable naming that chunk, not a hang, not wrong bytes."""
     data = rng.randbytes(50_000)
     async with Client(ring.ring, ring.secret) as client:
-        ref = await client.put_blob(data)
+        ref = await client.chunks.put_blob(data)
     (chunk_id,) = {extent.chunk_id for extent in ref.extents}
     holders = chunk_holders(ring, chunk_id)
     assert len(holders) == 3
     await _kill(ring, holders)
     async with Client(ring.ring, ring.secret) as client:
         with pytest.raises(DataUnavailable) as unavailable:
-            await client.get_blob(ref)
+            await client.chunks.get_blob(ref)
     assert unavailable.value.missing == [chunk_id]
 
 
@@ -97,7 +97,7 @@ async def test_write_without_a_write_quorum_raises_quorum_error(
     await _kill(ring, [p.peer_id for p in ring.cluster.peers if p.peer_id != survivor])
     async with Client(ring.ring, ring.secret) as client:
         with pytest.raises(QuorumError) as blob_error:
-            await client.put_blob(rng.randbytes(10_000))
+            await client.chunks.put_blob(rng.randbytes(10_000))
         assert (blob_error.value.acks, blob_error.value.needed) == (1, 2)
         with pytest.raises(QuorumError):
             await client.put_record(f"manifest/q-{rng.randrange(10**9)}", b"v", expected_version=0)
@@ -118,10 +118,10 @@ async def test_write_quorum_counts_reachable_peers(ring: LocalCluster, rng: rand
     strict = ClientOptions(write_quorum=3)
     async with Client(ring.ring, ring.secret, options=strict) as client:
         with pytest.raises(QuorumError):
-            await client.put_blob(data)
+            await client.chunks.put_blob(data)
     async with Client(ring.ring, ring.secret) as client:
-        ref = await client.put_blob(data)
-        assert await client.get_blob(ref) == data
+        ref = await client.chunks.put_blob(data)
+        assert await client.chunks.get_blob(ref) == data
 
 
 def test_sync_client_from_a_plain_thread(ring: LocalCluster, rng: random.Random) -> None:
@@ -133,9 +133,8 @@ def test_sync_client_from_a_plain_thread(ring: LocalCluster, rng: random.Random)
     def work() -> None:
         try:
             with SyncClient(ring.ring, ring.secret, options=SMALL_CHUNKS) as client:
-                ref = client.put_blob(data)
-                results["ref"] = ref
-                results["data"] = client.get_blob(ref)
+                results["ref"] = client.put_bytes(data, key).ref
+                results["data"] = client.get_bytes(key)
                 results["version"] = client.put_record(key, b"v1", expected_version=0)
                 results["record"] = client.get_record(key)
                 results["status"] = client.status()
@@ -167,12 +166,13 @@ async def test_sync_client_inside_a_running_event_loop(
     data = rng.randbytes(70_000)
     client = SyncClient(ring.ring, ring.secret)
     try:
-        assert client.get_blob(client.put_blob(data)) == data
+        client.put_bytes(data, "sync/in-a-loop")
+        assert client.get_bytes("sync/in-a-loop") == data
     finally:
         client.close()
     client.close()  # closing twice is harmless
     with pytest.raises(RuntimeError, match="closed"):
-        client.put_blob(b"after close")
+        client.put_bytes(b"after close", "sync/closed")
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ async def test_read_through_a_seed_with_a_partial_member_table_reaches_the_other
     data = rng.randbytes(24 * 64 * 1024 + 99)
     records = {f"partial-view/{how}/{index}": rng.randbytes(40) for index in range(16)}
     async with Client(ring.ring, ring.secret, options=SMALL_CHUNKS) as client:
-        ref = await client.put_blob(data)
+        ref = await client.chunks.put_blob(data)
         for key, value in records.items():
             await client.put_record(key, value, expected_version=0)
         full = (await client.ring()).ring
@@ -235,7 +235,7 @@ async def test_read_through_a_seed_with_a_partial_member_table_reaches_the_other
     async with Client(seeds, ring.secret, options=SMALL_CHUNKS) as client:
         assert {m.peer_id for m in (await client.ring()).ring.members} == set(named)
         if how == "get_blob":
-            assert await client.get_blob(ref) == data
+            assert await client.chunks.get_blob(ref) == data
         elif how == "get_record":
             for key, value in records.items():
                 record = await client.get_record(key)

@@ -88,8 +88,8 @@ def test_every_service_command_line_runs_a_real_peer(tmp_path: Path) -> None:
 
         async def round_trip() -> bytes:
             async with Client(ring, secret) as client:
-                ref = await client.put_blob(b"compose" * 1000)
-                return await client.get_blob(ref)
+                ref = await client.chunks.put_blob(b"compose" * 1000)
+                return await client.chunks.get_blob(ref)
 
         import asyncio
 

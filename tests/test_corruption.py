@@ -62,7 +62,7 @@ async def test_flipped_byte_is_detected_quarantined_and_read_elsewhere(
     kind, start, end = REGIONS[region]
     data = _blob(kind, rng)
     async with Client(ring.ring, ring.secret) as client:
-        ref = await client.put_blob(data)
+        ref = await client.chunks.put_blob(data)
     (chunk_id,) = {extent.chunk_id for extent in ref.extents}
     holders = chunk_holders(ring, chunk_id)
     assert len(holders) == 3
@@ -87,7 +87,7 @@ async def test_flipped_byte_is_detected_quarantined_and_read_elsewhere(
             for p in damaged_peers
         }
         async with Client(ring.ring, ring.secret) as client:
-            assert await client.get_blob(ref) == data, where
+            assert await client.chunks.get_blob(ref) == data, where
 
         for peer_id in damaged_peers:
             address = ring.peer(peer_id).address
@@ -110,6 +110,6 @@ async def test_flipped_byte_is_detected_quarantined_and_read_elsewhere(
         assert codec.decode(intact.body, chunk_id) == data
 
     async with Client(ring.ring, ring.secret) as client:
-        assert await client.get_blob(ref) == data, f"{where}: second read"
+        assert await client.chunks.get_blob(ref) == data, f"{where}: second read"
     assert {peer.peer_id: peer.pid for peer in ring.cluster.peers} == pids
     assert all(ring.running(peer_id) for peer_id in pids)

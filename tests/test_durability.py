@@ -31,7 +31,7 @@ MIB = 1024 * 1024
 
 async def _read(cluster: LocalCluster, ref: BlobRef) -> bytes:
     async with Client(cluster.ring, cluster.secret) as client:
-        return await client.get_blob(ref)
+        return await client.chunks.get_blob(ref)
 
 
 @pytest.mark.slow
@@ -46,7 +46,7 @@ async def test_64mib_blob_survives_sigkill_of_any_two_of_five_peers(
     data = state_bytes(64 * MIB, seed=rng.randrange(2**32))
     digest = xxhash.xxh3_128_hexdigest(data)
     async with Client(cluster.ring, cluster.secret) as client:
-        ref = await client.put_blob(data)
+        ref = await client.chunks.put_blob(data)
     chunk_ids = sorted({extent.chunk_id for extent in ref.extents})
     holders = {chunk_id: set(chunk_holders(cluster, chunk_id)) for chunk_id in chunk_ids}
     assert all(len(peers) == 3 for peers in holders.values()), holders
@@ -105,7 +105,7 @@ async def test_peer_restart_keeps_its_chunks(
     options = ClientOptions(chunk_bytes=256 * 1024, pack_below_bytes=64 * 1024)
     blobs, sources = _state_sources(rng)
     async with Client(ring.ring, ring.secret, options=options) as client:
-        refs = await client.put_sources(sources)
+        refs = await client.chunks.put_sources(sources)
     ours = {extent.chunk_id for ref in refs for extent in ref.extents}
     assert len(ours) >= 5
     candidates = sorted({peer for chunk_id in ours for peer in chunk_holders(ring, chunk_id)})
@@ -154,4 +154,4 @@ async def test_peer_restart_keeps_its_chunks(
 
     async with Client(ring.ring, ring.secret) as client:
         for blob, ref in zip(blobs, refs, strict=True):
-            assert await client.get_blob(ref) == blob
+            assert await client.chunks.get_blob(ref) == blob

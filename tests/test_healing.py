@@ -211,7 +211,7 @@ async def assert_reads_back(client: Client, contents: Mapping[str, bytes], conte
         assert record is not None, f"record of {key} gone ({context}, {SEED_ENV}={SEED})"
         assert not record.conflict, f"replicas of {key} differ ({context}, {SEED_ENV}={SEED})"
         ref = await client.lookup_file(key)
-        restored = await client.get_blob(ref)
+        restored = await client.chunks.get_blob(ref)
         assert len(restored) == len(data), f"{key} ({context}, {SEED_ENV}={SEED})"
         assert restored == data, f"{key} differs ({context}, {SEED_ENV}={SEED})"
 

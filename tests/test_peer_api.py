@@ -143,7 +143,7 @@ async def test_wrong_secret_is_401_and_client_raises_auth_error(
         assert await _chunk_absent(probe, target, chunk_id)
     async with Client(target, WRONG_SECRET) as client:
         with pytest.raises(AuthError):
-            await client.put_blob(b"x" * 1000)
+            await client.chunks.put_blob(b"x" * 1000)
         with pytest.raises(AuthError):
             await client.get_record("blob/anything")
         with pytest.raises(AuthError):

@@ -74,7 +74,7 @@ async def store_state(client: Client, tmp_path: Path, rng: random.Random) -> tup
     data = rng.randbytes(STATE_BYTES)  # incompressible: stored bytes = raw bytes
     source = tmp_path / "state.bin"
     source.write_bytes(data)
-    return await client.put_file(source), data
+    return await client.chunks.put_file(source), data
 
 
 def unique_chunks(ref: BlobRef) -> list[str]:

@@ -176,7 +176,7 @@ def test_unreferenced_chunks_are_collected_after_the_grace_and_never_while_a_pee
     async def store() -> tuple[list[str], list[str]]:
         async with Client(cluster.ring, cluster.secret) as client:
             kept = await client.store_file(named, "named")
-            orphan = await client.put_blob(loose)
+            orphan = await client.chunks.put_blob(loose)
         return [e.chunk_id for e in kept.extents], [e.chunk_id for e in orphan.extents]
 
     kept_ids, orphan_ids = asyncio.run(store())
@@ -193,7 +193,7 @@ def test_unreferenced_chunks_are_collected_after_the_grace_and_never_while_a_pee
 
     async def store_more() -> list[str]:
         async with Client(cluster.ring, cluster.secret) as client:
-            blob = await client.put_blob(rng.randbytes(1024 * 1024))
+            blob = await client.chunks.put_blob(rng.randbytes(1024 * 1024))
             return [e.chunk_id for e in blob.extents]
 
     more_ids = asyncio.run(store_more())
