@@ -39,7 +39,11 @@ class SyncClient:
             target=self._loop.run_forever, name="sr3-client", daemon=True
         )
         self._thread.start()
-        self._client = self._call(self._make(ring, secret, options))
+        try:
+            self._client = self._call(self._make(ring, secret, options))
+        except BaseException:
+            self._stop_loop()
+            raise
 
     @staticmethod
     async def _make(
@@ -57,6 +61,9 @@ class SyncClient:
         if self._loop.is_closed():
             return
         self._call(self._client.close())
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
