@@ -26,7 +26,6 @@ middleware like every other one.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Iterable
 
@@ -34,7 +33,7 @@ from aiohttp import web
 
 from recovery import frames
 from recovery.frames import Frame, FrameParser
-from recovery.plan import PLAN_NODES_MAX, PlanNode
+from recovery.plan import PLAN_DEPTH_MAX, PLAN_NODES_MAX, PlanNode
 from ring import api, codec
 from ring.errors import AuthError, ChunkCorrupt, PeerError, PeerUnavailable, ProtocolError
 from ring.node import Node
@@ -75,10 +74,8 @@ def parse_plan(body: bytes, me: str) -> PlanNode:
     small, names distinct peers and distinct, well-formed chunk ids."""
     if len(body) > PLAN_BYTES_MAX:
         raise ProtocolError(f"recovery plan of {len(body)} bytes is above {PLAN_BYTES_MAX}")
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError(f"recovery plan is not valid JSON: {exc}") from exc
+    # Each plan node nests two levels deeper ({"upstreams": [{...}]}).
+    data = api.load_json(body, bytes_max=PLAN_BYTES_MAX, depth_max=2 * PLAN_DEPTH_MAX + 3)
     plan = PlanNode.from_json(data)
     if plan.peer_id != me:
         raise ProtocolError(f"recovery plan is for {plan.peer_id[:80]!r}, this is {me!r}")

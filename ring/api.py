@@ -40,8 +40,10 @@ count in ``refs=K``) followed by the value.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 from urllib.parse import quote
 
@@ -71,10 +73,13 @@ __all__ = [
     "HEADER_TIMESTAMP",
     "HEADER_VERSION",
     "HEALTH",
+    "JSON_BYTES_MAX",
+    "JSON_DEPTH_MAX",
     "INFO",
     "LIST_LIMIT_MAX",
     "MEMBERS",
     "METRICS",
+    "QUERY_INT_MAX",
     "RECORDS_LIST",
     "RECORD_BYTES_MAX",
     "RECORD_DELETE",
@@ -88,6 +93,7 @@ __all__ = [
     "REF_BYTES",
     "REQUEST_BYTES_MAX",
     "RING",
+    "VERSION_MAX",
     "ErrorBody",
     "InfoSummary",
     "MemberState",
@@ -101,10 +107,13 @@ __all__ = [
     "parse_exists_request",
     "parse_flag",
     "parse_info",
+    "parse_ascii_int",
     "parse_int",
     "parse_json_object",
     "parse_keys_request",
     "parse_member_table",
+    "json_int",
+    "load_json",
     "member_table_body",
     "members_answer",
     "parse_members_answer",
@@ -182,6 +191,16 @@ HEADER_LINE_BYTES_MAX = 8190
 HEADERS_MAX = 64
 # Digits of an integer query parameter: anything longer is refused before ``int()``.
 INT_DIGITS_MAX = 18
+QUERY_INT_MAX = 10**INT_DIGITS_MAX - 1
+# Record versions (and member epochs and heartbeats) stay below 2**53, so every JSON
+# reader (Java, JavaScript) holds them exactly and a version a replica stores can always
+# be named as the expected version of the next write.
+VERSION_MAX = 2**53 - 1
+# A JSON body or answer: its size, its nesting, and the digits of any number in it.
+JSON_BYTES_MAX = 16 * 1024 * 1024
+JSON_DEPTH_MAX = 32
+JSON_NUMBER_CHARS_MAX = 32
+_DIGITS = frozenset("0123456789")
 
 
 def _quote(text: str) -> str:
@@ -220,15 +239,31 @@ def records_list_path(prefix: str, limit: int, *, include_deleted: bool) -> str:
 # -- query parameters and JSON bodies (peer side) ---------------------------------------
 
 
-def parse_int(raw: str | None, name: str, default: int | None) -> int:
+def parse_ascii_int(text: str, name: str, maximum: int) -> int:
+    """``text`` as an integer in ``0..maximum``: ASCII digits only (``str.isdigit`` and
+    ``int`` also take "²" or fullwidth digits), at most as many as ``maximum`` has."""
+    if not text or len(text) > len(str(maximum)) or not _DIGITS.issuperset(text):
+        raise ProtocolError(f"{name} must be a non-negative integer of ASCII digits")
+    value = int(text)
+    if value > maximum:
+        raise ProtocolError(f"{name} must be at most {maximum}")
+    return value
+
+
+def parse_int(raw: str | None, name: str, default: int | None, maximum: int = QUERY_INT_MAX) -> int:
     """A non-negative integer query parameter; ``default`` when absent (None: required)."""
     if raw is None:
         if default is None:
             raise ProtocolError(f"query parameter {name!r} is required")
         return default
-    if not raw.isdigit() or len(raw) > INT_DIGITS_MAX:
-        raise ProtocolError(f"query parameter {name!r} must be a non-negative integer")
-    return int(raw)
+    return parse_ascii_int(raw, f"query parameter {name!r}", maximum)
+
+
+def json_int(value: Any, name: str, maximum: int = VERSION_MAX) -> int:
+    """A JSON number that must be an integer in ``0..maximum`` (not a bool, not a float)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise ProtocolError(f"{name} must be an integer between 0 and {maximum}")
+    return value
 
 
 def parse_flag(raw: str | None, name: str) -> bool:
@@ -240,11 +275,65 @@ def parse_flag(raw: str | None, name: str) -> bool:
     return raw == "1"
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
+def _json_depth(body: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` outside strings, read from the bytes without
+    recursion (an upper bound where the JSON is malformed)."""
+    # Escape pairs first (a run of backslashes pairs up from its left), so that every
+    # quote left delimits a string; then the brackets between strings.
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_BRACKET_STEPS.__getitem__, outside), initial=0))
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEPS = tuple(1 if b in b"[{" else -1 for b in range(256))
+
+
+def _json_number(text: str) -> str:
+    if len(text) > JSON_NUMBER_CHARS_MAX:
+        raise ProtocolError(f"a JSON number of {len(text)} characters is too long")
+    return text
+
+
+def _json_int(text: str) -> int:
+    return int(_json_number(text))
+
+
+def _json_float(text: str) -> float:
+    value = float(_json_number(text))
+    if not math.isfinite(value):
+        raise ProtocolError(f"the JSON number {text} is out of range")
+    return value
+
+
+def _json_constant(text: str) -> Any:
+    raise ProtocolError(f"{text} is not a JSON number")
+
+
+def load_json(
+    body: bytes, *, bytes_max: int = JSON_BYTES_MAX, depth_max: int = JSON_DEPTH_MAX
+) -> Any:
+    """Parse a JSON body, bounded before and while parsing: at most ``bytes_max`` bytes
+    of UTF-8, nested at most ``depth_max`` deep, numbers of at most
+    ``JSON_NUMBER_CHARS_MAX`` characters and finite (no NaN, no Infinity)."""
+    if len(body) > bytes_max:
+        raise ProtocolError(f"a JSON body of {len(body)} bytes is above {bytes_max}")
+    depth = _json_depth(body)
+    if depth > depth_max:
+        raise ProtocolError(f"a JSON body nested {depth} deep is above {depth_max}")
     try:
-        parsed = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+        return json.loads(
+            body.decode("utf-8"),
+            parse_int=_json_int,
+            parse_float=_json_float,
+            parse_constant=_json_constant,
+        )
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError(f"body is not valid JSON: {exc}") from exc
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    parsed = load_json(body)
     if not isinstance(parsed, dict):
         raise ProtocolError("request body must be a JSON object")
     return parsed
@@ -271,10 +360,10 @@ def parse_error(body: bytes) -> ErrorBody:
     code, message = "error", body[:200].decode("utf-8", "replace")
     version = 0
     try:
-        parsed = json.loads(body)
+        parsed = load_json(body)
         code, message = str(parsed.get("error", code)), str(parsed.get("message", message))
-        version = int(parsed.get("version", parsed.get("current_version", 0)))
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        version = json_int(parsed.get("version", parsed.get("current_version", 0)), "version")
+    except (ProtocolError, AttributeError, TypeError, ValueError):
         pass
     return ErrorBody(code, message, version)
 

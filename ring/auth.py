@@ -39,7 +39,9 @@ from ring.api import (
     HEADER_NONCE,
     HEADER_TARGET,
     HEADER_TIMESTAMP,
+    parse_ascii_int,
 )
+from ring.errors import ProtocolError
 
 __all__ = [
     "ANY_TARGET",
@@ -66,6 +68,9 @@ REPLAY_WINDOW_S = 2 * SKEW_S_MAX
 NONCES_MAX = 262_144
 SECRET_CHARS_MIN = 16
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+# Unix seconds of 12 digits at most: far beyond any clock, and refused before ``int()``.
+TIMESTAMP_MAX = 10**12 - 1
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 class AuthFailure(Exception):
@@ -169,23 +174,32 @@ class _Parsed:
 
 
 def _parse(headers: Mapping[str, str]) -> _Parsed:
+    """The signing headers, or ``AuthFailure``: hex where hex is due, ASCII throughout
+    (``hmac.compare_digest`` refuses other text), the timestamp as ASCII digits."""
     authorization = headers.get(HEADER_AUTHORIZATION, "")
     scheme, _, signature = authorization.partition(" ")
-    if scheme != SCHEME or len(signature) != 64:
+    if scheme != SCHEME or not _is_hex(signature, 64):
         raise AuthFailure("missing or malformed Authorization header")
     nonce = headers.get(HEADER_NONCE, "")
     digest = headers.get(HEADER_CONTENT_SHA256, "")
-    timestamp = headers.get(HEADER_TIMESTAMP, "")
     target = headers.get(HEADER_TARGET, "")
     if (
         len(nonce) != 32
-        or len(digest) != 64
-        or not timestamp.isdigit()
-        or len(timestamp) > 12
+        or not nonce.isascii()
+        or not _is_hex(digest, 64)
         or not 0 < len(target) <= TARGET_CHARS_MAX
+        or not (target.isascii() and target.isprintable())
     ):
         raise AuthFailure("missing or malformed signing headers")
-    return _Parsed(target, int(timestamp), nonce, digest, signature)
+    try:
+        timestamp = parse_ascii_int(headers.get(HEADER_TIMESTAMP, ""), "timestamp", TIMESTAMP_MAX)
+    except ProtocolError as exc:
+        raise AuthFailure(f"malformed signing headers: {exc}") from exc
+    return _Parsed(target, timestamp, nonce, digest, signature)
+
+
+def _is_hex(text: str, length: int) -> bool:
+    return len(text) == length and _HEX.issuperset(text)
 
 
 class Verifier:
@@ -248,4 +262,8 @@ class Verifier:
 
     def verify_metrics_bearer(self, headers: Mapping[str, str]) -> bool:
         scheme, _, token = headers.get(HEADER_AUTHORIZATION, "").partition(" ")
-        return scheme == "Bearer" and hmac.compare_digest(token, self._metrics_token)
+        return (
+            scheme == "Bearer"
+            and token.isascii()
+            and hmac.compare_digest(token, self._metrics_token)
+        )

@@ -25,6 +25,7 @@ down at once (forward) or hide a failure (backward).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -33,6 +34,7 @@ from ring.errors import ProtocolError
 from ring.placement import Member
 
 __all__ = [
+    "COUNTER_MAX",
     "MEMBERS_MAX",
     "STATUSES",
     "Entry",
@@ -41,9 +43,12 @@ __all__ = [
 ]
 
 MEMBERS_MAX = 1024
+# Epochs and heartbeats: exact in every JSON reader, and far beyond any peer's lifetime.
+COUNTER_MAX = 2**53 - 1
 STATUSES = ("up", "stopped", "leaving", "left")
 _ID_CHARS_MAX = 128
 _ADDRESS_CHARS_MAX = 300
+_ADDRESS_PATTERN = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,27 +75,45 @@ class Entry:
 
     @classmethod
     def from_json(cls, data: Any) -> Entry:
+        """An entry as gossiped: strings of bounded length, a known status, and epoch and
+        heartbeat as integers in ``0..COUNTER_MAX`` (no floats, bools or huge numbers)."""
+        if not isinstance(data, dict):
+            raise ProtocolError("a member entry is a JSON object")
         try:
             entry = cls(
-                peer_id=str(data["peer_id"]),
-                address=str(data["address"]),
-                zone=str(data.get("zone", "")),
-                status=str(data["status"]),
-                epoch=int(data["epoch"]),
-                heartbeat=int(data["heartbeat"]),
+                peer_id=_text(data["peer_id"], "peer_id", _ID_CHARS_MAX),
+                address=_address(data["address"]),
+                zone=_text(data.get("zone", ""), "zone", _ID_CHARS_MAX, empty=True),
+                status=_text(data["status"], "status", _ID_CHARS_MAX),
+                epoch=_counter(data["epoch"], "epoch"),
+                heartbeat=_counter(data["heartbeat"], "heartbeat"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
             raise ProtocolError(f"malformed member entry: {exc!r}") from exc
-        if (
-            entry.status not in STATUSES
-            or not 0 < len(entry.peer_id) <= _ID_CHARS_MAX
-            or not 0 < len(entry.address) <= _ADDRESS_CHARS_MAX
-            or len(entry.zone) > _ID_CHARS_MAX
-            or entry.epoch < 0
-            or entry.heartbeat < 0
-        ):
+        if entry.status not in STATUSES:
             raise ProtocolError(f"invalid member entry for {entry.peer_id[:40]!r}")
         return entry
+
+
+def _text(value: Any, name: str, chars_max: int, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or not (0 if empty else 1) <= len(value) <= chars_max:
+        raise ProtocolError(f"a member entry's {name} is a string of at most {chars_max}")
+    return value
+
+
+def _address(value: Any) -> str:
+    """``host:port`` as peers dial it: an ASCII host name or IP, a port in 1..65535."""
+    address = _text(value, "address", _ADDRESS_CHARS_MAX)
+    match = _ADDRESS_PATTERN.fullmatch(address)
+    if match is None or not 0 < int(match.group(1)) < 65536:
+        raise ProtocolError(f"a member entry's address {address[:80]!r} is not host:port")
+    return address
+
+
+def _counter(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= COUNTER_MAX:
+        raise ProtocolError(f"a member entry's {name} is an integer in 0..{COUNTER_MAX}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,12 @@ class PeerMetrics:
             registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
         )
+        # No input should make a peer answer 5xx: the fuzz tests assert this stays 0.
+        self.responses_5xx = Counter(
+            "sr3_peer_responses_5xx",
+            "Answers with a 5xx status (internal errors, storage full, not ready).",
+            registry=self.registry,
+        )
         self.auth_failures = Counter(
             "sr3_peer_auth_failures", "Requests refused for credentials.", registry=self.registry
         )

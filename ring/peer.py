@@ -163,6 +163,8 @@ class Peer:
             response = _error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
         except Exception as exc:
             response = _translate(exc)
+        if response.status >= 500:
+            self.metrics.responses_5xx.inc()
         self.metrics.requests.labels(route_name, str(response.status)).inc()
         self.metrics.request_seconds.labels(route_name).observe(time.perf_counter() - started)
         return response
@@ -380,18 +382,18 @@ class Peer:
         refs_count = _int_query(request, "refs", 0)
         value, refs = api.split_record_envelope(await request.read(), refs_count)
         if "version" in request.query:
-            version = _int_query(request, "version", None)
+            version = _int_query(request, "version", None, api.VERSION_MAX)
             stored = await self.records.put_repair(
                 key, value, version, refs, deleted=_flag_query(request, "deleted")
             )
             return web.json_response({"key": key, "version": version, "stored": stored})
-        expected = _int_query(request, "expected_version", None)
+        expected = _int_query(request, "expected_version", None, api.VERSION_MAX)
         record = await self.records.put(key, value, expected, refs)
         return web.json_response({"key": key, "version": record.version}, status=201)
 
     async def delete_record(self, request: web.Request) -> web.Response:
         key = validate_key(request.match_info["key"])
-        expected = _int_query(request, "expected_version", None)
+        expected = _int_query(request, "expected_version", None, api.VERSION_MAX)
         record = await self.records.delete(key, expected)
         return web.json_response({"key": key, "version": record.version, "deleted": True})
 
@@ -405,8 +407,10 @@ class Peer:
         )
 
 
-def _int_query(request: web.Request, name: str, default: int | None) -> int:
-    return api.parse_int(request.query.get(name), name, default)
+def _int_query(
+    request: web.Request, name: str, default: int | None, maximum: int = api.QUERY_INT_MAX
+) -> int:
+    return api.parse_int(request.query.get(name), name, default, maximum)
 
 
 def _flag_query(request: web.Request, name: str) -> bool:

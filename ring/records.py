@@ -44,7 +44,7 @@ from pathlib import Path
 
 import xxhash
 
-from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, record_envelope
+from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, VERSION_MAX, record_envelope
 from ring.api import split_record_envelope as split_envelope
 from ring.chunkstore import write_file_atomic
 from ring.errors import ProtocolError, RecordConflict
@@ -54,6 +54,7 @@ __all__ = [
     "RECORD_BYTES_MAX",
     "REFS_MAX",
     "TOMBSTONE_TTL_S_DEFAULT",
+    "VERSION_MAX",
     "Record",
     "RecordStore",
     "split_envelope",
@@ -143,6 +144,13 @@ def _decode(data: bytes) -> Record:
         str(meta["key"]), int(meta["version"]), value, refs,
         None if deleted is None else float(deleted),
     )  # fmt: skip
+
+
+def _check_expected(expected_version: int) -> None:
+    """A write stores ``expected + 1``, which must stay a valid version: no key can be
+    pushed beyond what a writer can name."""
+    if not 0 <= expected_version < VERSION_MAX:
+        raise ProtocolError(f"an expected version is an integer in 0..{VERSION_MAX - 1}")
 
 
 def _check_size(value: bytes, refs: tuple[str, ...]) -> None:
@@ -241,6 +249,7 @@ class RecordStore:
         self, key: str, value: bytes, expected_version: int, refs: tuple[str, ...] = ()
     ) -> Record:
         """Compare-and-set: store ``value`` as version ``expected_version + 1``."""
+        _check_expected(expected_version)
         _check_size(value, refs)
         async with self._lock:
             current = self._versions.get(key, 0)
@@ -257,8 +266,8 @@ class RecordStore:
         """Store a copy pushed by repair if it is newer than ours; False if it is not.
         ``deleted``: the copy is a tombstone (it must carry no value and no refs)."""
         _check_size(value, refs)
-        if version < 1:
-            raise ProtocolError("a repaired record has a version of at least 1")
+        if not 1 <= version <= VERSION_MAX:
+            raise ProtocolError(f"a repaired record has a version in 1..{VERSION_MAX}")
         if deleted and (value or refs):
             raise ProtocolError("a tombstone carries no value and no refs")
         async with self._lock:
@@ -297,6 +306,7 @@ class RecordStore:
 
         Like ``put``, a replica that missed earlier versions accepts it (and one that
         never held the key stores the tombstone too, so a late copy cannot come back)."""
+        _check_expected(expected_version)
         async with self._lock:
             current = self._versions.get(key, 0)
             if current > expected_version:

@@ -11,7 +11,6 @@ exceptions.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -112,9 +111,10 @@ class Response:
     body: bytes
 
     def json(self) -> Any:
+        """The answer as JSON, bounded like every body a peer accepts (``api.load_json``)."""
         try:
-            return json.loads(self.body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return api.load_json(self.body)
+        except ProtocolError as exc:
             raise ProtocolError(f"peer answered with invalid JSON: {exc}") from exc
 
 

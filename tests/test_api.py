@@ -189,3 +189,161 @@ def test_info_summary_reads_what_status_needs_and_refuses_garbage() -> None:
     for bad in ({}, {"stored_bytes": "x", "chunk_count": 1, "record_count": 1}, [], None):
         with pytest.raises(ProtocolError):
             api.parse_info(bad)
+
+
+# -- numbers and JSON from the wire (issue 15, item 5) ---------------------------------
+
+NOT_ASCII_DIGITS = [
+    "\u00b2",
+    "1\u00b2",
+    "\uff11\uff12",
+    "\u0663",
+    "\u06f4",
+    "\U0001d7d7",
+    "\u216b",
+    "\u0661\u0660",
+]
+
+
+@pytest.mark.parametrize("raw", NOT_ASCII_DIGITS)
+def test_parse_int_refuses_digits_that_are_not_ascii(raw: str) -> None:
+    """``str.isdigit`` takes these, and ``int`` takes some of them: the wire does not."""
+    with pytest.raises(ProtocolError):
+        api.parse_int(raw, "n", None)
+
+
+@given(st.integers(min_value=0, max_value=api.VERSION_MAX))
+def test_parse_ascii_int_round_trips_every_bounded_integer(value: int) -> None:
+    assert api.parse_ascii_int(str(value), "n", api.VERSION_MAX) == value
+
+
+@given(st.text(max_size=40))
+def test_parse_ascii_int_takes_only_bounded_ascii_digits(text: str) -> None:
+    ascii_digits = text != "" and all(char in "0123456789" for char in text)
+    if ascii_digits and len(text) <= 16 and int(text) <= api.VERSION_MAX:
+        assert api.parse_ascii_int(text, "n", api.VERSION_MAX) == int(text)
+    else:
+        with pytest.raises(ProtocolError):
+            api.parse_ascii_int(text, "n", api.VERSION_MAX)
+
+
+def test_parse_int_holds_to_its_maximum() -> None:
+    assert api.parse_int(str(api.VERSION_MAX), "v", None, api.VERSION_MAX) == api.VERSION_MAX
+    for raw in (str(api.VERSION_MAX + 1), str(10**30), "0" * 17):
+        with pytest.raises(ProtocolError):
+            api.parse_int(raw, "v", None, api.VERSION_MAX)
+
+
+MALFORMED_JSON = {
+    "deep list": b"[" * 100_000,
+    "deep object": b'{"a":' * 50_000,
+    "deep then closed": b"[" * 5000 + b"]" * 5000,
+    "huge integer": b'{"ids": ' + b"7" * 5000 + b"}",
+    "huge negative integer": b"[-" + b"9" * 5000 + b"]",
+    "1e400": b'{"x": 1e400}',
+    "-1e400": b"[-1e400]",
+    "NaN": b"[NaN]",
+    "Infinity": b'{"x": Infinity}',
+    "-Infinity": b"[-Infinity]",
+    "long fraction": b"[0." + b"1" * 5000 + b"]",
+    "not utf-8": b'{"ids": ["\xff"]}',
+    "utf-16": '{"ids": []}'.encode("utf-16"),
+    "truncated": b'{"ids": [',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_JSON))
+def test_load_json_refuses_what_could_break_the_parser(kind: str) -> None:
+    with pytest.raises(ProtocolError):
+        api.load_json(MALFORMED_JSON[kind])
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_JSON))
+def test_every_json_body_parser_refuses_with_a_protocol_error(kind: str) -> None:
+    body = MALFORMED_JSON[kind]
+    for parse in (api.parse_json_object, api.parse_exists_request, api.parse_keys_request):
+        with pytest.raises(ProtocolError):
+            parse(body)
+
+
+def test_load_json_bounds_size_and_depth() -> None:
+    nested = b"[" * 40 + b"]" * 40
+    assert api.load_json(nested, depth_max=40) is not None
+    with pytest.raises(ProtocolError, match="deep"):
+        api.load_json(nested, depth_max=39)
+    with pytest.raises(ProtocolError, match="bytes"):
+        api.load_json(b"[" + b" " * 100 + b"]", bytes_max=100)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.sampled_from('ab"\\[]{}é\n'), max_size=12),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(alphabet=st.sampled_from('k"\\[{'), max_size=4), children)
+    ),
+    max_leaves=30,
+)
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+@given(json_values, st.booleans())
+def test_load_json_reads_what_json_writes_and_counts_its_depth(
+    value: object, compact: bool
+) -> None:
+    """Valid input reads as before, and brackets or quotes inside strings do not fool
+    the depth count."""
+    separators = (",", ":") if compact else None
+    body = json.dumps(value, separators=separators, ensure_ascii=compact).encode()
+    assert api.load_json(body, depth_max=_depth(value)) == json.loads(body)
+    if _depth(value) > 0:
+        with pytest.raises(ProtocolError):
+            api.load_json(body, depth_max=_depth(value) - 1)
+
+
+GOSSIP_ENTRY = {
+    "peer_id": "p1", "address": "127.0.0.1:7401", "zone": "", "status": "up",
+    "epoch": 3, "heartbeat": 9,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("epoch", 1.5), ("epoch", True), ("epoch", -1), ("epoch", 2**53), ("epoch", 10**30),
+        ("epoch", "3"), ("heartbeat", float("inf")), ("heartbeat", None), ("heartbeat", [1]),
+        ("peer_id", 7), ("peer_id", ""), ("zone", None), ("status", "gone"),
+        ("address", "ü:1"), ("address", "host"), ("address", "host:99999"),
+        ("address", "a b:1"), ("address", "a:1\n"), ("address", ["127.0.0.1:1"]),
+    ],
+)  # fmt: skip
+def test_member_entries_are_typed_and_bounded(field: str, value: object) -> None:
+    assert api.parse_member_table({"members": [GOSSIP_ENTRY]})[0].epoch == 3
+    with pytest.raises(ProtocolError):
+        api.parse_member_table({"members": [{**GOSSIP_ENTRY, field: value}]})
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [b'"epoch": 1e400', b'"epoch": -Infinity', b'"epoch": NaN', b'"epoch": ' + b"1" * 5000],
+    ids=["1e400", "-Infinity", "NaN", "5000 digits"],
+)
+def test_gossip_bodies_with_unbounded_numbers_are_protocol_errors(entry: bytes) -> None:
+    body = b'{"members": [{"peer_id": "p", "address": "a:1", "status": "up", "heartbeat": 1, '
+    with pytest.raises(ProtocolError):
+        api.parse_member_table(api.parse_json_object(body + entry + b"}]}"))
+
+
+def test_error_answers_that_are_not_ours_never_raise() -> None:
+    for body in (b"[" * 100_000, b'{"error": "x", "version": 1e400}', b'{"version": NaN}'):
+        assert api.parse_error(body).version == 0

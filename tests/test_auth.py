@@ -235,3 +235,63 @@ def test_the_target_is_covered_by_the_signature() -> None:
     forged = {**headers, HEADER_TARGET: "127.0.0.2:7401"}
     with pytest.raises(AuthFailure, match="bad signature"):
         Verifier(SECRET, Clock()).verify("PUT", PATH, forged, BODY, ("127.0.0.2:7401",))
+
+
+# -- malformed signing headers (issue 15, item 5) -----------------------------------------
+
+
+def _with(header: str, value: str) -> dict[str, str]:
+    return {**_signed(), header: value}
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        (HEADER_TIMESTAMP, "\u00b2"),
+        (HEADER_TIMESTAMP, "1750000000\u00b2"),
+        (
+            HEADER_TIMESTAMP,
+            "\uff11\uff17\uff15\uff10\uff10\uff10\uff10\uff10\uff10\uff10\uff10",
+        ),  # fullwidth digits: int() reads them
+        (HEADER_TIMESTAMP, "\u0661\u0667\u0665\u0660\u0660\u0660\u0660\u0660\u0660\u0660"),
+        (HEADER_TIMESTAMP, "9" * 5000),
+        (HEADER_TIMESTAMP, "-1750000000"),
+        (HEADER_TIMESTAMP, ""),
+        (HEADER_AUTHORIZATION, f"{auth.SCHEME} " + "é" * 64),
+        (HEADER_AUTHORIZATION, f"{auth.SCHEME} " + "\udcff" * 64),
+        (HEADER_AUTHORIZATION, f"{auth.SCHEME} " + "z" * 64),
+        (HEADER_CONTENT_SHA256, "é" * 64),
+        (HEADER_CONTENT_SHA256, "\udcff" * 64),
+        (HEADER_NONCE, "é" * 32),
+        (HEADER_TARGET, "é"),
+        (HEADER_TARGET, "\udcff\udcfe"),
+        (HEADER_TARGET, "a\nb"),
+    ],
+    ids=lambda value: ascii(value)[:24],
+)
+def test_malformed_signing_headers_are_auth_failures(header: str, value: str) -> None:
+    """Breaks: digits that are not ASCII, text that ``hmac.compare_digest`` refuses,
+    bytes the HTTP parser passes through as surrogates. Must hold: ``AuthFailure`` (401),
+    never another exception (500)."""
+    with pytest.raises(AuthFailure):
+        Verifier(SECRET, Clock()).verify("PUT", PATH, _with(header, value), BODY)
+
+
+def test_a_timestamp_in_other_digits_does_not_verify() -> None:
+    """The signed timestamp is the ASCII text: the same number in fullwidth digits is a
+    different header, refused rather than read as the same value."""
+    headers = _signed()
+    timestamp = headers[HEADER_TIMESTAMP]
+    fullwidth = "".join(chr(ord(char) - ord("0") + 0xFF10) for char in timestamp)
+    assert int(fullwidth) == int(timestamp)
+    with pytest.raises(AuthFailure):
+        Verifier(SECRET, Clock()).verify(
+            "PUT", PATH, {**headers, HEADER_TIMESTAMP: fullwidth}, BODY
+        )
+
+
+@pytest.mark.parametrize("token", ["\u00e9" * 64, "\udcff" * 64, "\u00b2"])
+def test_a_bearer_token_that_is_not_ascii_is_refused(token: str) -> None:
+    assert not Verifier(SECRET, Clock()).verify_metrics_bearer(
+        {HEADER_AUTHORIZATION: f"Bearer {token}"}
+    )
