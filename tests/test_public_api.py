@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from support import MakeCluster, chunk_holders
 
+from ring.blobs import BlobRef
+from ring.client import client as client_module
 from ring.errors import ConfigError, NotFound
 from sr3 import Client, FileInfo, SyncClient
 from sr3.local import LocalCluster
@@ -174,3 +176,34 @@ def test_what_the_public_api_stores_outlives_the_grace_and_unnamed_chunks_do_not
     with SyncClient(cluster.ring, cluster.secret) as client:
         assert client.get_bytes("kept/bytes") == data
         assert sorted(client.list_files()) == ["kept/bytes", "kept/file"]
+
+
+@pytest.mark.slow
+def test_an_upload_that_outlasts_the_grace_is_stored_again_once_named(
+    make_cluster: MakeCluster, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaks: a put's chunks are collected before the record naming them is written (the
+    upload outlasted the grace: here naming waits until the peers collected them).
+    Holds: the stored bytes read back, every chunk on at least W=2 peers."""
+    cluster = make_cluster(4, peer_flags=GC_FLAGS)
+    monkeypatch.setattr(client_module, "RESTORE_AFTER_S", GRACE_S)
+    name = Client._name
+    collected: list[str] = []
+
+    async def name_late(self: Client, key: str, ref: BlobRef) -> FileInfo:
+        ids = [extent.chunk_id for extent in ref.extents]
+
+        def gone() -> bool:
+            return not held_anywhere(cluster, ids)
+
+        await asyncio.to_thread(wait_until, gone, "unnamed chunks collected")
+        collected.extend(ids)
+        return await name(self, key, ref)
+
+    monkeypatch.setattr(Client, "_name", name_late)
+    data = rng.randbytes(1024 * 1024 + 5)
+    with SyncClient(cluster.ring, cluster.secret) as client:
+        client.put_bytes(data, "slow/bytes")
+        assert collected
+        assert client.get_bytes("slow/bytes") == data
+    assert all(len(chunk_holders(cluster, chunk_id)) >= 2 for chunk_id in collected)

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,7 +41,7 @@ from ring.client.options import BLOB_KEY_PREFIX, ClientOptions, Progress, Record
 from ring.client.records import RecordIO
 from ring.client.view import RingTracker, RingView, parse_seeds
 from ring.config import resolve
-from ring.errors import ConfigError, NotFound, ProtocolError, RecordConflict
+from ring.errors import ConfigError, NotFound, ProtocolError, RecordConflict, SR3Error
 from ring.transport import Transport
 
 __all__ = ["Client", "FileInfo"]
@@ -49,6 +49,9 @@ __all__ = ["Client", "FileInfo"]
 # Naming a file is a compare-and-set on its record; a concurrent writer of the same key
 # makes it retry from the version it lost to, this many times at most.
 NAME_ATTEMPTS_MAX = 4
+# An upload to be named that took this long is stored again once named, in case it
+# outlasted the peers' --gc-grace (3600 s by default) and some chunks were collected.
+RESTORE_AFTER_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,7 @@ class Client:
         if len(secret) < SECRET_CHARS_MIN:
             raise ConfigError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
         self.options = options
+        self._clock = clock
         self._transport = Transport(secret, timeouts=options.timeouts)
         self.view = RingTracker(self.seeds, self._transport, options, clock)
         # Internal: unnamed chunks and blobs, for layers that name them in records of
@@ -127,12 +131,14 @@ class Client:
         The chunks go to W..R replicas each, then the record ``blob/<key>`` names them;
         the file is kept until ``delete_file(key)``."""
         _check_key(key)
-        return await self._name(key, await self.chunks.put_file(path, progress=progress))
+        return await self._store_named(
+            key, lambda report: self.chunks.put_file(path, progress=report), progress
+        )
 
     async def put_bytes(self, data: bytes, key: str) -> FileInfo:
         """Store ``data`` under ``key`` (as ``put_file``), replacing what was there."""
         _check_key(key)
-        return await self._name(key, await self.chunks.put_blob(data))
+        return await self._store_named(key, lambda _report: self.chunks.put_blob(data), None)
 
     async def get_file(
         self, key: str | BlobRef, path: Path, *, progress: Progress | None = None
@@ -200,6 +206,25 @@ class Client:
     async def lookup_file(self, key: str) -> BlobRef:
         """Where the bytes of the file stored under ``key`` are; ``NotFound`` if none."""
         return (await self.file_info(key)).ref
+
+    async def _store_named(
+        self,
+        key: str,
+        upload: Callable[[Progress | None], Awaitable[BlobRef]],
+        progress: Progress | None,
+    ) -> FileInfo:
+        """Upload, then name what was uploaded. Peers keep an unnamed chunk for
+        ``--gc-grace`` after it was stored: an upload that took ``RESTORE_AFTER_S`` or
+        longer may have outlasted a short grace, so once named (and so kept) it is stored
+        again, which puts back any chunk collected meanwhile."""
+        started_at = self._clock()
+        ref = await upload(progress)
+        info = await self._name(key, ref)
+        if self._clock() - started_at >= RESTORE_AFTER_S:
+            again = await upload(None)  # progress was reported once
+            if again != ref:
+                raise SR3Error(f"what was stored under {key!r} changed while it was stored")
+        return info
 
     async def _name(self, key: str, ref: BlobRef) -> FileInfo:
         """Point the record ``blob/<key>`` at ``ref``, whatever version it is at."""
