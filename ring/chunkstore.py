@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import secrets
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from pathlib import Path
 
 from ring import codec
 from ring.errors import ChunkCorrupt, StorageFull
-from ring.files import fsync_dir
+from ring.files import move_or_remove, storage_full, write_file_atomic
 
 __all__ = ["ChunkStore", "StoreStats", "write_file_atomic"]
 
@@ -43,22 +41,8 @@ class StoreStats:
     stored_bytes: int
     quarantined: int
     capacity_bytes: int | None
-
-
-def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:
-    """Write ``data`` to ``final`` so that a crash leaves the whole file or none of it."""
-    tmp = tmp_dir / f"{final.name}.{secrets.token_hex(6)}"
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        final.parent.mkdir(exist_ok=True)
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # Room left on the data folder's file system for this peer (None: not known).
+    disk_free_bytes: int | None = None
 
 
 class ChunkStore:
@@ -122,8 +106,20 @@ class ChunkStore:
 
     def stats(self) -> StoreStats:
         return StoreStats(
-            len(self._index), self._stored_bytes, self._quarantined, self._capacity_bytes
+            len(self._index),
+            self._stored_bytes,
+            self._quarantined,
+            self._capacity_bytes,
+            self.disk_free_bytes(),
         )
+
+    def disk_free_bytes(self) -> int | None:
+        """Bytes this peer may still write on its data folder's file system (statvfs)."""
+        try:
+            usage = os.statvfs(self._chunks_dir)
+        except OSError:
+            return None
+        return usage.f_bavail * usage.f_frsize
 
     async def put(self, chunk_id: str, stored: bytes) -> bool:
         """Verify and durably store a chunk. False if it was already present."""
@@ -141,14 +137,10 @@ class ChunkStore:
                 f"{self._capacity_bytes} bytes ({self._stored_bytes} used)"
             )
         async with self._io:
-            try:
+            with storage_full(f"storing chunk {chunk_id}"):
                 await asyncio.to_thread(
                     self._write_file, self._tmp_dir, self._path(chunk_id), stored
                 )
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise StorageFull(f"disk full while storing chunk {chunk_id}") from exc
-                raise
         if chunk_id not in self._index:
             self._index[chunk_id] = len(stored)
             self._stored_bytes += len(stored)
@@ -206,7 +198,8 @@ class ChunkStore:
         if size is None or self._last_stored.get(chunk_id, float("-inf")) > idle_before:
             return None
         with contextlib.suppress(FileNotFoundError):
-            os.rename(self._path(chunk_id), self._tmp_dir / f"{TRASH_PREFIX}{chunk_id}")
+            # On a disk too full for the move the file is removed at once instead.
+            move_or_remove(self._path(chunk_id), self._tmp_dir / f"{TRASH_PREFIX}{chunk_id}")
         self._forget(chunk_id)
         return size
 
@@ -223,7 +216,7 @@ class ChunkStore:
         target = self._quarantine_dir / f"{chunk_id}.{secrets.token_hex(4)}"
         async with self._io:
             with contextlib.suppress(FileNotFoundError):
-                await asyncio.to_thread(shutil.move, self._path(chunk_id), target)
+                await asyncio.to_thread(move_or_remove, self._path(chunk_id), target)
         self._forget(chunk_id)
         self._quarantined += 1
         if self.on_corrupt is not None:

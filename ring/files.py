@@ -1,15 +1,65 @@
-"""Small file helpers shared by the peer, the client and the drills."""
+"""Small file helpers shared by the peer, the client and the drills.
+
+Every write of a peer's data folder (chunks, records, hints, tombstones, ``peer.json``,
+``members.json``, quarantine and trash moves, temp files) goes through ``storage_full``:
+the one place where the OS saying "no room" becomes ``StorageFull``, which the peer
+answers with 507 ``storage_full`` and its background work tolerates. No room means
+ENOSPC (disk full), EDQUOT (quota exceeded) and EROFS (the file system went read-only,
+as ext4 does after errors): in all three the peer cannot write but can still read, so it
+stays up, serves what it holds and refuses writes. Each write tries again, so a peer
+resumes by itself once space frees (or once the operator remounts read-write). Any
+other OSError (EIO, EACCES) is not a full disk and passes through unchanged.
+
+``PendingWrite`` keeps a small state file (the member table, the peer identity) in
+memory until it can be saved.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
+import secrets
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import xxhash
 
-__all__ = ["file_digest", "fsync_dir"]
+from ring.errors import StorageFull
+
+__all__ = [
+    "NO_ROOM_ERRNOS",
+    "PendingWrite",
+    "file_digest",
+    "fsync_dir",
+    "move_or_remove",
+    "storage_full",
+    "write_file_atomic",
+]
+
+log = logging.getLogger(__name__)
 
 READ_BYTES = 8 * 1024 * 1024
+# errno -> how the StorageFull message names it.
+NO_ROOM_ERRNOS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk full (quota exceeded)",
+    errno.EROFS: "disk read-only",
+}
+
+
+@contextlib.contextmanager
+def storage_full(what: str) -> Iterator[None]:
+    """Turn an OSError that means "no room to write" into ``StorageFull`` naming ``what``."""
+    try:
+        yield
+    except OSError as exc:
+        reason = NO_ROOM_ERRNOS.get(exc.errno or 0)
+        if reason is None:
+            raise
+        raise StorageFull(f"{reason} while {what}") from exc
 
 
 def fsync_dir(path: Path) -> None:
@@ -19,6 +69,96 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:
+    """Write ``data`` to ``final`` so that a crash leaves the whole file or none of it.
+
+    ``StorageFull`` when there is no room; the temp file is removed whatever fails."""
+    tmp = tmp_dir / f"{final.name}.{secrets.token_hex(6)}"
+    try:
+        with storage_full(f"writing {final.name}"):
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            final.parent.mkdir(exist_ok=True)
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def move_or_remove(source: Path, target: Path) -> bool:
+    """Move ``source`` aside to ``target`` (same file system); True if moved. When the
+    disk has no room even for that (a new directory block), remove it instead: a file
+    moved aside (corrupt, collected) must leave its place either way.
+    FileNotFoundError if ``source`` is absent."""
+    try:
+        with storage_full(f"moving {source.name} aside"):
+            os.replace(source, target)
+    except StorageFull as exc:
+        log.warning("%s: removing %s instead", exc, source)
+        source.unlink()
+        return False
+    return True
+
+
+class PendingWrite:
+    """A small file saved best effort: ``set`` its newest content, ``flush`` to save it.
+
+    When the disk is full the content stays pending in memory and a later ``flush``
+    (on the next change, or the owner's retry loop) saves the newest one. One warning
+    per episode of failures, one line when it succeeds again. ``flush`` runs in worker
+    threads, one at a time, so an older content never replaces a newer one."""
+
+    def __init__(self, tmp_dir: Path, path: Path, what: str) -> None:
+        self.path = path
+        self._tmp_dir = tmp_dir
+        self._what = what
+        self._pending: bytes | None = None
+        self._failures = 0
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    @property
+    def failures(self) -> int:
+        """Failed attempts since the last successful save."""
+        return self._failures
+
+    def set(self, data: bytes) -> None:
+        self._pending = data
+
+    def flush(self) -> bool:
+        """Save the pending content; True if nothing is left pending."""
+        with self._lock:
+            data = self._pending
+            if data is None:
+                return True
+            try:
+                write_file_atomic(self._tmp_dir, self.path, data)
+            except StorageFull as exc:
+                self._failed(exc)
+                return False
+            if self._pending is data:
+                self._pending = None
+            if self._failures:
+                log.info("saved %s after %d failed attempts", self._what, self._failures)
+                self._failures = 0
+            return self._pending is None
+
+    def _failed(self, exc: StorageFull) -> None:
+        self._failures += 1
+        if self._failures == 1:
+            log.warning(
+                "cannot save %s (%s): kept in memory, saved once there is room", self._what, exc
+            )
+        else:
+            log.debug("saving %s failed again (%d): %s", self._what, self._failures, exc)
 
 
 def file_digest(path: Path) -> str:

@@ -4,6 +4,10 @@ A hint is an empty marker file ``<data>/hints/<chunk id>.<peer id>``, created (a
 directory fsynced) before the hinted write is acknowledged. The repair loop hands hinted
 chunks to their peer first once it is alive again, then drops the hint; the extra copy
 is collected like any other once every preference member holds the chunk.
+
+A hint that cannot be written (the store holds ``HINTS_MAX``, or the disk is full) is
+skipped with a log line: the hinted write still stands, and repair finds the chunk
+without the hint, only later.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import logging
 from pathlib import Path
 
 from ring import codec
-from ring.files import fsync_dir
+from ring.errors import StorageFull
+from ring.files import fsync_dir, storage_full
 
 __all__ = ["HINTS_MAX", "HintStore"]
 
@@ -43,7 +48,7 @@ class HintStore:
         return sorted(self._hints)
 
     async def add(self, chunk_id: str, peer_id: str) -> bool:
-        """Record a hint durably; False (and a log line) when the store is full."""
+        """Record a hint durably; False (and a log line) when the store or disk is full."""
         if not codec.is_chunk_id(chunk_id) or not 0 < len(peer_id) <= _PEER_ID_CHARS_MAX:
             raise ValueError("a hint names a chunk id and a peer id")
         if "/" in peer_id or peer_id.startswith("."):
@@ -53,14 +58,23 @@ class HintStore:
         if len(self._hints) >= self._capacity:
             log.warning("hint store full (%d); repair will still find %s", self._capacity, chunk_id)
             return False
-        await asyncio.to_thread(self._create, self._dir / f"{chunk_id}.{peer_id}")
+        try:
+            await asyncio.to_thread(self._create, self._dir / f"{chunk_id}.{peer_id}")
+        except StorageFull as exc:
+            log.warning("hint not kept (%s); repair will still find %s", exc, chunk_id)
+            return False
         self._hints.add((chunk_id, peer_id))
         return True
 
     @staticmethod
     def _create(path: Path) -> None:
-        path.touch()
-        fsync_dir(path.parent)
+        try:
+            with storage_full(f"writing hint {path.name}"):
+                path.touch()
+                fsync_dir(path.parent)
+        except StorageFull:
+            path.unlink(missing_ok=True)
+            raise
 
     async def remove(self, chunk_id: str, peer_id: str) -> None:
         self._hints.discard((chunk_id, peer_id))

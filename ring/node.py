@@ -7,6 +7,16 @@ its previous life). ``Node.run`` runs the background loops in one task group unt
 cancelled. ``Node.stop`` tells the ring this peer stops (it is then ``down`` at once, not
 after the failure timeout); ``Node.leave`` hands everything it holds over to the peers
 that take its place, then tells the ring it left.
+
+A full disk does not stop a peer (``ring.files``): ``members.json`` and ``peer.json``
+are saved best effort, kept in memory while the disk is full and saved by a retry loop
+(every ``SAVE_RETRY_INTERVAL_S``) or on the next member change once there is room. A
+peer that starts on a full disk cannot save its next epoch; it runs with
+``max(saved epoch + 1, wall-clock seconds)`` instead and saves that once it can. The
+wall clock keeps the epoch growing across several restarts while the disk stays full
+(so the ring still takes each restart's entries over the previous life's); only two
+such restarts within one second, or a wall clock stepped back, would reuse an epoch, and
+then the ring sees the restarted peer ``down`` until its heartbeat catches up.
 """
 
 from __future__ import annotations
@@ -15,12 +25,14 @@ import asyncio
 import json
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 from ring.api import member_table_body, parse_member_table
-from ring.chunkstore import ChunkStore, write_file_atomic
+from ring.chunkstore import ChunkStore
 from ring.clock import Clocks
-from ring.errors import ConfigError, ProtocolError
+from ring.errors import ConfigError, ProtocolError, SR3Error
+from ring.files import PendingWrite
 from ring.gc import ChunkCollector, GcSettings
 from ring.gossip import Gossiper
 from ring.hints import HintStore
@@ -46,23 +58,39 @@ CONTROL_TIMEOUTS = TransportTimeouts(connect_s=1.0, read_s=3.0)
 # Burst of the emulated egress link: small next to a chunk, so the cap holds over
 # fractions of a second.
 EGRESS_BURST_BYTES = 64 * 1024
+# How often a member table or identity that could not be saved (full disk) is retried.
+SAVE_RETRY_INTERVAL_S = 2.0
 
 
-def _next_epoch(data_dir: Path, peer_id: str) -> int:
-    """Read, bump and durably write this data folder's epoch; refuse a foreign folder."""
-    path = data_dir / "peer.json"
-    epoch = 0
-    if path.exists():
-        try:
-            identity = json.loads(path.read_text())
-            owner, epoch = str(identity["peer_id"]), int(identity["epoch"])
-        except (OSError, KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{path} is not a valid peer identity: {exc}") from exc
-        if owner != peer_id:
-            raise ConfigError(f"{data_dir} holds the data of peer {owner!r}, not {peer_id!r}")
-    data = json.dumps({"peer_id": peer_id, "epoch": epoch + 1}).encode()
-    write_file_atomic(data_dir / "tmp", path, data)
-    return epoch + 1
+def _saved_epoch(path: Path, peer_id: str) -> int:
+    """The epoch ``peer.json`` holds (0 if absent); refuse a foreign or broken identity."""
+    if not path.exists():
+        return 0
+    try:
+        identity = json.loads(path.read_text())
+        owner, epoch = str(identity["peer_id"]), int(identity["epoch"])
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a valid peer identity: {exc}") from exc
+    if owner != peer_id:
+        raise ConfigError(f"{path.parent} holds the data of peer {owner!r}, not {peer_id!r}")
+    return epoch
+
+
+def _identity(peer_id: str, epoch: int) -> bytes:
+    return json.dumps({"peer_id": peer_id, "epoch": epoch}).encode()
+
+
+def _next_epoch(identity: PendingWrite, peer_id: str, wall_clock: Callable[[], float]) -> int:
+    """Bump and durably write this data folder's epoch. On a full disk: the fallback of
+    the module docstring, left pending in ``identity`` for the retry loop."""
+    epoch = _saved_epoch(identity.path, peer_id) + 1
+    identity.set(_identity(peer_id, epoch))
+    if identity.flush():
+        return epoch
+    fallback = max(epoch, int(wall_clock()))
+    identity.set(_identity(peer_id, fallback))
+    log.warning("running with unsaved epoch %d (saved epoch + 1 is %d)", fallback, epoch)
+    return fallback
 
 
 def _load_members(path: Path) -> list[Entry]:
@@ -112,6 +140,11 @@ class Node:
             else None
         )
         self.epoch = 0
+        tmp_dir = config.data_dir / "tmp"
+        self._identity = PendingWrite(tmp_dir, config.data_dir / "peer.json", "the peer identity")
+        self._members_file = PendingWrite(
+            tmp_dir, config.data_dir / "members.json", "the member table"
+        )
         self.leaving = asyncio.Event()
         self.left = asyncio.Event()
         self._table: MemberTable | None = None
@@ -150,14 +183,14 @@ class Node:
         config = self.config
         config.data_dir.mkdir(parents=True, exist_ok=True)
         (config.data_dir / "tmp").mkdir(exist_ok=True)
-        self.epoch = _next_epoch(config.data_dir, config.peer_id)
+        self.epoch = _next_epoch(self._identity, config.peer_id, self.clocks.wall)
         self.chunks.open()
         self.records.open()
         self.hints.open()
         me = Entry(config.peer_id, config.address, config.zone, "up", self.epoch, 0)
         timeouts = Timeouts(config.failure_timeout_s, config.removal_grace_s)
         self._table = MemberTable(me, self.clocks.monotonic, timeouts)
-        self._table.merge(_load_members(config.data_dir / "members.json"))
+        self._table.merge(_load_members(self._members_file.path))
         self._gossiper = Gossiper(
             self._table,
             self.control_transport,
@@ -193,10 +226,32 @@ class Node:
         )  # fmt: skip
 
     async def _save_members(self) -> None:
-        """Remember the member table, so that a restarted peer knows the ring at once."""
-        data = json.dumps(member_table_body(self.table.entries())).encode()
-        path = self.config.data_dir / "members.json"
-        await asyncio.to_thread(write_file_atomic, self.config.data_dir / "tmp", path, data)
+        """Remember the member table, so that a restarted peer knows the ring at once.
+        Best effort: on a full disk it stays pending for ``_save_pending``."""
+        self._members_file.set(json.dumps(member_table_body(self.table.entries())).encode())
+        await asyncio.to_thread(self._members_file.flush)
+
+    @property
+    def saves_pending(self) -> bool:
+        """Whether the member table or the identity waits for room on the disk."""
+        return self._members_file.pending or self._identity.pending
+
+    async def _save_pending(self) -> None:
+        """Retry what a full disk kept from being saved (the newest member table)."""
+        if self._identity.pending:
+            await asyncio.to_thread(self._identity.flush)
+        if self._members_file.pending:
+            await self._save_members()
+
+    async def _retry_saves(self) -> None:
+        await run_periodic(
+            "saving the member table",
+            self._save_pending,
+            SAVE_RETRY_INTERVAL_S,
+            first_at_once=False,
+            tolerated=(SR3Error,),
+            clock=self.clocks.monotonic,
+        )
 
     async def emulate_latency(self) -> None:
         """Wait ``--added-latency`` (network emulation) before answering a data request."""
@@ -229,6 +284,7 @@ class Node:
             group.create_task(self.scrubber.run())
             group.create_task(self._collect_when_ready())
             group.create_task(self._leave_when_asked())
+            group.create_task(self._retry_saves())
 
     async def _join_overlay(self) -> None:
         assert self.overlay is not None

@@ -35,7 +35,6 @@ import json
 import logging
 import re
 import secrets
-import shutil
 import struct
 import time
 from collections.abc import Callable
@@ -46,8 +45,8 @@ import xxhash
 
 from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, VERSION_MAX, record_envelope
 from ring.api import split_record_envelope as split_envelope
-from ring.chunkstore import write_file_atomic
 from ring.errors import ProtocolError, RecordConflict
+from ring.files import move_or_remove, write_file_atomic
 
 __all__ = [
     "KEY_PATTERN",
@@ -202,7 +201,8 @@ class RecordStore:
 
     def _quarantine_file(self, path: Path, reason: str) -> None:
         log.error("record file %s is corrupt and was quarantined: %s", path.name, reason)
-        shutil.move(path, self._quarantine_dir / f"{path.name}.{secrets.token_hex(4)}")
+        # On a disk too full for the move, the corrupt file is removed instead.
+        move_or_remove(path, self._quarantine_dir / f"{path.name}.{secrets.token_hex(4)}")
 
     def version(self, key: str) -> int:
         return self._versions.get(key, 0)
