@@ -447,3 +447,152 @@ async def test_request_signed_for_one_peer_is_refused_by_another(
         replayed = await probe.send(second, "PUT", path, body=b"value", headers=headers)
         assert replayed.status == 401, replayed
         assert (await probe.signed(second, "GET", f"/v1/records/{key}")).status == 404
+
+
+# -- numbers and JSON that once made a peer answer 500 (issue 15, item 5) ------------------
+
+FIVE_XX = "sr3_peer_responses_5xx_total"
+# Percent-encoded digits that are not ASCII: "²" (str.isdigit takes it, int() does not),
+# fullwidth one-two and Arabic-Indic three (int() reads both), "1²".
+OTHER_DIGITS = ["%C2%B2", "%EF%BC%91%EF%BC%92", "%D9%A3", "1%C2%B2"]
+
+
+async def _five_xx(probe: HttpProbe, address: str) -> float:
+    return metric_value(await probe.metrics(address), FIVE_XX)
+
+
+@pytest.mark.parametrize("digits", OTHER_DIGITS)
+async def test_query_integers_in_other_digits_are_400(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random, digits: str
+) -> None:
+    """Breaks: integer query parameters written in digits that are not ASCII. Must hold:
+    400 with a JSON error on every route that reads one, nothing written, no 5xx."""
+    key = f"digits/{rng.randrange(10**9)}"
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        before = await _five_xx(probe, target)
+        for method, path, body in [
+            ("GET", f"/v1/records?prefix=digits/&limit={digits}", None),
+            ("PUT", f"/v1/records/{key}?expected_version={digits}", b"v"),
+            ("PUT", f"/v1/records/{key}?expected_version=0&refs={digits}", b"v"),
+            ("PUT", f"/v1/records/{key}?version={digits}&refs=0", b"v"),
+            ("DELETE", f"/v1/records/{key}?expected_version={digits}", None),
+        ]:
+            answer = await probe.signed(target, method, path, body=body)
+            _assert_json_error(answer.status, answer.body, 400)
+        assert (await probe.signed(target, "GET", f"/v1/records/{key}")).status == 404
+        assert await _five_xx(probe, target) == before
+
+
+@pytest.mark.parametrize(
+    "timestamp",
+    ["\u00b2", "{now}\u00b2", "{fullwidth}", "{now}" + "0" * 5000],
+    ids=["superscript", "trailing superscript", "fullwidth", "5000 digits"],
+)
+async def test_signing_timestamp_in_other_digits_is_401(
+    peer_stays_up: LocalCluster, target: str, timestamp: str
+) -> None:
+    """Breaks: X-SR3-Timestamp in digits that are not ASCII (or of thousands of digits)
+    under an otherwise valid signature. Must hold: 401 with a JSON error, no 5xx."""
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        before = await _five_xx(probe, target)
+        headers = probe.signer.headers("GET", "/v1/info", target=target)
+        now = headers["X-SR3-Timestamp"]
+        fullwidth = "".join(chr(ord(char) - ord("0") + 0xFF10) for char in now)
+        headers["X-SR3-Timestamp"] = timestamp.format(now=now, fullwidth=fullwidth)
+        answer = await probe.send(target, "GET", "/v1/info", headers=headers)
+        _assert_json_error(answer.status, answer.body, 401)
+        assert await _five_xx(probe, target) == before
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("Authorization", "SR3-HMAC-SHA256 " + "\u00e9" * 64),
+        ("X-SR3-Content-SHA256", "\u00e9" * 64),
+        ("X-SR3-Target", "\u00e9"),
+    ],
+    ids=["signature", "body digest", "target"],
+)
+async def test_signing_headers_that_are_not_ascii_are_401(
+    peer_stays_up: LocalCluster, target: str, header: str, value: str
+) -> None:
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        before = await _five_xx(probe, target)
+        headers = {**probe.signer.headers("GET", "/v1/info", target=target), header: value}
+        answer = await probe.send(target, "GET", "/v1/info", headers=headers)
+        _assert_json_error(answer.status, answer.body, 401)
+        bearer = await probe.send(target, "GET", "/metrics", headers={"Authorization": value})
+        _assert_json_error(bearer.status, bearer.body, 401)
+        assert await _five_xx(probe, target) == before
+
+
+def _gossip_entry(epoch: bytes, heartbeat: bytes = b"1") -> bytes:
+    # A peer that does not exist: were it accepted, it would join the shared ring's table.
+    return (
+        b'{"members": [{"peer_id": "not-a-peer", "address": "127.0.0.254:1", '
+        b'"zone": "", "status": "up", "epoch": ' + epoch + b', "heartbeat": ' + heartbeat + b"}]}"
+    )
+
+
+MALFORMED_BODIES = {
+    "100k-deep list": b"[" * 100_000,
+    "100k-deep object": b'{"ids": ' * 100_000,
+    "5000-digit integer": _gossip_entry(b"7" * 5000),
+    "1e400": _gossip_entry(b"1e400"),
+    "-Infinity": _gossip_entry(b"-Infinity"),
+    "NaN": _gossip_entry(b"NaN"),
+    "epoch 10**30": _gossip_entry(str(10**30).encode()),
+    "heartbeat 1.5": _gossip_entry(b"1", b"1.5"),
+    "heartbeat true": _gossip_entry(b"1", b"true"),
+    "address not host:port": _gossip_entry(b"1").replace(b"127.0.0.254:1", b"\\u00fc:1"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_BODIES))
+@pytest.mark.parametrize(
+    "path", ["/v1/gossip", "/v1/chunks/exists", "/v1/records/versions", "/v1/recovery/stream"]
+)
+async def test_malformed_json_bodies_are_400(
+    peer_stays_up: LocalCluster, target: str, path: str, kind: str
+) -> None:
+    """Breaks: JSON nested 100k deep, numbers of thousands of digits, beyond a double,
+    NaN, infinities, a version of 10**30, to every route that takes a JSON body. Must
+    hold: 400 with a JSON error, no 5xx, the member table unchanged, the peer up."""
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        before = await _five_xx(probe, target)
+        answer = await probe.signed(target, "POST", path, body=MALFORMED_BODIES[kind])
+        _assert_json_error(answer.status, answer.body, 400)
+        members = await probe.signed(target, "GET", "/v1/members")
+        assert "not-a-peer" not in {member["peer_id"] for member in members.json()["members"]}
+        assert await _five_xx(probe, target) == before
+
+
+async def test_record_versions_are_bounded_and_a_key_stays_writable(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random
+) -> None:
+    """Breaks: versions beyond VERSION_MAX, by repair (``version``) and by compare-and-set
+    (``expected_version``), which once left a key that no writer could name. Must hold:
+    400, nothing stored, and the key is written normally afterwards."""
+    from ring.api import VERSION_MAX
+
+    key = f"huge-version/{rng.randrange(10**9)}"
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        before = await _five_xx(probe, target)
+        for query in [
+            f"version={VERSION_MAX + 1}&refs=0",
+            f"version={10**17}1&refs=0",
+            f"version={10**30}&refs=0",
+            f"expected_version={VERSION_MAX}",
+            f"expected_version={10**30}",
+        ]:
+            answer = await probe.signed(target, "PUT", f"/v1/records/{key}?{query}", body=b"v")
+            _assert_json_error(answer.status, answer.body, 400)
+        assert (await probe.signed(target, "GET", f"/v1/records/{key}")).status == 404
+        path = f"/v1/records/{key}?version={VERSION_MAX - 1}&refs=0"
+        assert (await probe.signed(target, "PUT", path, body=b"old")).status == 200
+        path = f"/v1/records/{key}?expected_version={VERSION_MAX - 1}"
+        assert (await probe.signed(target, "PUT", path, body=b"new")).status == 201
+        answer = await probe.signed(target, "GET", f"/v1/records/{key}")
+        assert (answer.status, answer.body) == (200, b"new")
+        assert answer.headers["X-SR3-Version"] == str(VERSION_MAX)
+        assert await _five_xx(probe, target) == before
