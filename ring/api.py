@@ -12,6 +12,8 @@ network (``tests/test_api.py``).
     GET    /v1/members                    the whole member table with each peer's liveness
     POST   /v1/gossip                     {"members": [...]} -> our table (heartbeats)
     POST   /v1/admin/leave                start leaving the ring (hand data over, then exit)
+                                          -> {"leave": progress}; 409 if fewer than R
+                                          peers would remain
     POST   /v1/admin/kill                 exit at once like SIGKILL (drills on a running ring;
                                           403 unless the peer runs with --enable-admin-kill)
     PUT    /v1/chunks/{id}[?hint=PEER]    store a chunk (body: stored form, see ring.codec);
@@ -76,6 +78,7 @@ __all__ = [
     "JSON_BYTES_MAX",
     "JSON_DEPTH_MAX",
     "INFO",
+    "LEAVE_STATES",
     "LIST_LIMIT_MAX",
     "MEMBERS",
     "METRICS",
@@ -96,6 +99,7 @@ __all__ = [
     "VERSION_MAX",
     "ErrorBody",
     "InfoSummary",
+    "LeaveProgress",
     "MemberState",
     "RingDescription",
     "Route",
@@ -111,6 +115,7 @@ __all__ = [
     "parse_int",
     "parse_json_object",
     "parse_keys_request",
+    "parse_leave_progress",
     "parse_member_table",
     "json_int",
     "load_json",
@@ -586,3 +591,54 @@ def parse_members_answer(answer: Any) -> list[dict[str, Any]]:
     if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
         raise ProtocolError("malformed member table: 'members' is not a list of objects")
     return members
+
+
+# -- leaving ----------------------------------------------------------------------------
+
+# idle: not leaving; handing_over: out of placement, handing its data over; done: every
+# chunk and record it held is on R peers without it (it then announces ``left`` and
+# exits); failed: the hand-over did not finish in time (it is back ``up``, data kept).
+LEAVE_STATES = ("idle", "handing_over", "done", "failed")
+_LEAVE_COUNTS = (
+    "chunks_moved", "bytes_moved", "records_moved",
+    "chunks_remaining", "bytes_remaining", "records_remaining",
+)  # fmt: skip
+_LEAVE_MESSAGE_CHARS_MAX = 500
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveProgress:
+    """A peer's hand-over when it leaves: ``"leave"`` in the answers of
+    ``POST /v1/admin/leave`` and ``GET /v1/info``. Moved: handed over and on R peers
+    without it; remaining: what it still holds."""
+
+    state: str = "idle"
+    chunks_moved: int = 0
+    bytes_moved: int = 0
+    records_moved: int = 0
+    chunks_remaining: int = 0
+    bytes_remaining: int = 0
+    records_remaining: int = 0
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in ("state", *_LEAVE_COUNTS, "message")}
+
+
+def _leave_count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(f"leave progress: {name} must be a non-negative integer")
+    return value
+
+
+def parse_leave_progress(answer: Any) -> LeaveProgress:
+    """The ``"leave"`` object of a leave or info answer."""
+    try:
+        body = answer["leave"]
+        state, message = body["state"], body.get("message", "")
+        counts = {name: _leave_count(body.get(name, 0), name) for name in _LEAVE_COUNTS}
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"malformed leave progress: {exc!r}") from exc
+    if state not in LEAVE_STATES or not isinstance(message, str):
+        raise ProtocolError(f"malformed leave progress: state {str(state)[:40]!r}")
+    return LeaveProgress(state, message=message[:_LEAVE_MESSAGE_CHARS_MAX], **counts)

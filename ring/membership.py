@@ -13,8 +13,11 @@ Liveness is judged locally with a suspicion timeout (documented in the README):
                around it, writes leave hints, but it keeps its place in placement;
 * ``removed``  it stayed silent for ``removal_grace_s``: it leaves placement and the
                ring re-replicates what it held;
-* ``left``     it announced ``leaving``/``left`` (``sr3 peer leave``): out of placement at
-               once.
+* ``leaving``  it announced ``leaving`` (``sr3 peer leave``): out of placement at once
+               (no longer a write target), it hands what it holds over to the peers
+               that take its place; silent for ``removal_grace_s``, it is ``removed``;
+* ``left``     it announced ``left``: every chunk and record it held is on R peers
+               without it, and it exits.
 
 A peer whose heartbeat advances again is ``up`` again, whatever it was before.
 
@@ -188,15 +191,18 @@ class MemberTable:
     # -- liveness -----------------------------------------------------------------------
 
     def liveness(self, peer_id: str) -> str:
-        """``up``, ``down``, ``removed`` or ``left`` (see the module docstring)."""
+        """``up``, ``down``, ``removed``, ``leaving`` or ``left`` (see the module
+        docstring)."""
         entry = self._entries[peer_id]
-        if entry.status in ("leaving", "left"):
+        if entry.status == "left":
             return "left"
         if peer_id == self.me:
-            return "up"
+            return "leaving" if entry.status == "leaving" else "up"
         silent_s = self._clock() - self._advanced_at[peer_id]
         if silent_s > self.timeouts.removal_grace_s:
             return "removed"
+        if entry.status == "leaving":
+            return "leaving"
         if entry.status == "stopped" or silent_s > self.timeouts.failure_timeout_s:
             return "down"
         return "up"
@@ -205,7 +211,7 @@ class MemberTable:
         return {peer_id: self.liveness(peer_id) for peer_id in sorted(self._entries)}
 
     def placement(self) -> tuple[Member, ...]:
-        """Members that own data: up or down, not removed, not left."""
+        """Members that own data: up or down, not removed, leaving or left."""
         return tuple(
             self._entries[peer_id].member
             for peer_id, state in self.states().items()

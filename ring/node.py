@@ -6,7 +6,7 @@ and an epoch that grows on every start, so that the ring tells a restarted peer 
 its previous life). ``Node.run`` runs the background loops in one task group until
 cancelled. ``Node.stop`` tells the ring this peer stops (it is then ``down`` at once, not
 after the failure timeout); ``Node.leave`` hands everything it holds over to the peers
-that take its place, then tells the ring it left.
+that take its place (``ring.handover``), then tells the ring it left.
 
 A full disk does not stop a peer (``ring.files``): ``members.json`` and ``peer.json``
 are saved best effort, kept in memory while the disk is full and saved by a retry loop
@@ -28,13 +28,14 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from ring.api import member_table_body, parse_member_table
+from ring.api import LeaveProgress, member_table_body, parse_member_table
 from ring.chunkstore import ChunkStore
 from ring.clock import Clocks
 from ring.errors import ConfigError, ProtocolError, SR3Error
 from ring.files import PendingWrite
 from ring.gc import ChunkCollector, GcSettings
 from ring.gossip import Gossiper
+from ring.handover import HandOver
 from ring.hints import HintStore
 from ring.loops import run_periodic
 from ring.membership import Entry, MemberTable, Timeouts
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 
 ANNOUNCE_TIMEOUT_S = 2.0
 LEAVE_TIMEOUT_S = 600.0
+# After announcing ``left``, how long a peer waits for a client to read that its
+# hand-over is done before it exits anyway (``sr3 peer leave --no-wait``).
+LEFT_LINGER_S = 10.0
 CONTROL_TIMEOUTS = TransportTimeouts(connect_s=1.0, read_s=3.0)
 # Burst of the emulated egress link: small next to a chunk, so the cap holds over
 # fractions of a second.
@@ -147,6 +151,7 @@ class Node:
         )
         self.leaving = asyncio.Event()
         self.left = asyncio.Event()
+        self.handover = HandOver(self.chunks, self.records)
         self._table: MemberTable | None = None
         self._gossiper: Gossiper | None = None
         self._repairer: Repairer | None = None
@@ -304,26 +309,83 @@ class Node:
         await self.collector.run()
 
     async def _leave_when_asked(self) -> None:
-        await self.leaving.wait()
-        await self.leave()
+        # A leave that did not finish leaves the peer up: it may be asked again.
+        while not self.left.is_set():
+            await self.leaving.wait()
+            await self.leave()
+
+    def leave_refused(self) -> str | None:
+        """Why this peer cannot start leaving now (fewer than R peers would remain)."""
+        others = [m for m in self.table.placement() if m.peer_id != self.config.peer_id]
+        if self.handover.progress.state in ("handing_over", "done"):
+            return None
+        if len(others) < self.config.replication:
+            return (
+                f"only {len(others)} other peers would hold the data of "
+                f"{self.config.peer_id}, fewer than the replication factor "
+                f"{self.config.replication}"
+            )
+        return None
+
+    def request_leave(self) -> LeaveProgress:
+        """Start leaving (``POST /v1/admin/leave``); ``run`` does the hand-over."""
+        progress = self.handover.start()
+        self.leaving.set()
+        return progress
 
     async def leave(self) -> None:
-        """Hand over every chunk and record, then announce ``left``."""
+        """Hand over every chunk and record, then announce ``left`` and exit; back
+        ``up`` with its data if that does not finish within ``LEAVE_TIMEOUT_S``."""
         log.info("peer %s is leaving: handing its data over", self.config.peer_id)
+        self.handover.start()
         await self.gossiper.announce("leaving", ANNOUNCE_TIMEOUT_S)
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):
                 await run_periodic(
                     "hand-over",
-                    self.repairer.round,
+                    self._hand_over_round,
                     min(1.0, self.config.repair_interval_s),
-                    until=lambda: not (self.chunks.ids() or self.records.keys()),
+                    tolerated=(SR3Error,),
+                    until=self.handover.account,
+                    clock=self.clocks.monotonic,
                 )
         except TimeoutError:
-            log.error("leaving: data not handed over within %.0f s", LEAVE_TIMEOUT_S)
+            await self._abandon_leave()
+            return
+        done = self.handover.finish()
+        log.info(
+            "peer %s handed over %d chunks (%d bytes) and %d records",
+            self.config.peer_id, done.chunks_moved, done.bytes_moved, done.records_moved,
+        )  # fmt: skip
         await self.gossiper.announce("left", ANNOUNCE_TIMEOUT_S)
         log.info("peer %s has left the ring", self.config.peer_id)
+        try:
+            async with asyncio.timeout(LEFT_LINGER_S):
+                await self.handover.reported.wait()
+        except TimeoutError:
+            log.info("nobody asked how the hand-over went: exiting anyway")
         self.left.set()
+
+    async def _hand_over_round(self) -> None:
+        # Leaving, this peer is out of placement: these are the peers that take over.
+        owners = len(self.table.placement())
+        if owners < self.config.replication:
+            self.handover.note(f"waiting: only {owners} peers to hand the data over to")
+            return
+        self.handover.note("")
+        await self.repairer.round()
+
+    async def _abandon_leave(self) -> None:
+        left = self.handover.progress
+        message = (
+            f"the hand-over did not finish within {LEAVE_TIMEOUT_S:.0f} s: "
+            f"{left.chunks_remaining} chunks and {left.records_remaining} records are not yet "
+            f"on R peers without {self.config.peer_id}; it stays in the ring with its data"
+        )
+        log.error("leaving: %s", message)
+        self.handover.fail(message)
+        self.leaving.clear()
+        await self.gossiper.announce("up", ANNOUNCE_TIMEOUT_S)
 
     async def stop(self) -> None:
         """Tell the ring this peer stops, then close outgoing connections."""

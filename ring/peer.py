@@ -218,6 +218,7 @@ class Peer:
                 "chunk_count": stats.chunk_count,
                 "stored_bytes": stats.stored_bytes,
                 "capacity_bytes": stats.capacity_bytes,
+                "disk_free_bytes": stats.disk_free_bytes,
                 "quarantined": stats.quarantined,
                 "record_count": self.records.count(),
                 "hints_pending": len(node.hints),
@@ -236,6 +237,9 @@ class Peer:
                     "tombstones_purged_total": node.collector.totals.tombstones_purged,
                 },
                 "overlay": overlay,
+                # Read by the client that waits for this peer to leave: once it says
+                # "done", the peer may exit.
+                "leave": node.handover.read().to_json(),
             }
         )
 
@@ -266,8 +270,15 @@ class Peer:
         return web.json_response(answer)
 
     async def leave(self, request: web.Request) -> web.Response:
-        self.node.leaving.set()
-        return web.json_response({"peer_id": self.config.peer_id, "status": "leaving"}, status=202)
+        """Start handing the data over and leaving; 409 if too few peers would remain."""
+        refused = self.node.leave_refused()
+        if refused is not None:
+            return _error(409, "too_few_peers", refused)
+        progress = self.node.request_leave()
+        return web.json_response(
+            {"peer_id": self.config.peer_id, "status": "leaving", "leave": progress.to_json()},
+            status=202,
+        )
 
     async def kill(self, request: web.Request) -> web.Response:
         """Die without any cleanup, as SIGKILL would, once this answer is on its way."""

@@ -60,10 +60,25 @@ def test_silence_turns_up_into_down_then_removed_and_a_heartbeat_brings_it_back(
 def test_announced_stop_is_down_at_once_and_leaving_is_out_of_placement() -> None:
     clock = Clock()
     members = table(clock)
-    members.merge([entry("p2", status="stopped"), entry("p3", status="leaving")])
+    members.merge(
+        [entry("p2", status="stopped"), entry("p3", status="leaving"), entry("p4", status="left")]
+    )
     assert members.liveness("p2") == "down"
-    assert members.liveness("p3") == "left"
+    # Leaving is not left: the peer is still handing its data over.
+    assert members.liveness("p3") == "leaving"
+    assert members.liveness("p4") == "left"
     assert {m.peer_id for m in members.placement()} == {"p1", "p2"}
+    assert members.live() == {"p1"}
+
+
+def test_a_leaving_peer_that_goes_silent_is_removed_not_left() -> None:
+    clock = Clock()
+    members = table(clock)
+    members.merge([entry("p3", status="leaving")])
+    clock.now += 6
+    assert members.liveness("p3") == "leaving"
+    clock.now += 30
+    assert members.liveness("p3") == "removed"
 
 
 def test_own_entry_beats_and_changes_status() -> None:
@@ -71,6 +86,8 @@ def test_own_entry_beats_and_changes_status() -> None:
     members = table(clock)
     assert members.beat().heartbeat == 1
     assert members.set_status("leaving").heartbeat == 2
+    assert members.liveness("p1") == "leaving"
+    members.set_status("left")
     assert members.liveness("p1") == "left"
 
 

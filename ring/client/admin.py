@@ -14,10 +14,35 @@ from ring.errors import NotFound, PeerError, PeerUnavailable, ProtocolError, SR3
 from ring.placement import Member
 from ring.transport import Transport
 
-__all__ = ["Admin", "PeerStatus", "RingStatus"]
+__all__ = ["Admin", "LeaveReport", "PeerStatus", "RingStatus", "leave_summary"]
 
-# How often ``leave`` asks whether the peer has left.
+# How often ``leave`` asks the leaving peer how its hand-over goes.
 LEAVE_POLL_S = 0.5
+# A leaving peer that answers nothing for this long, without the ring saying it left
+# after a complete hand-over, has died or stopped: the leave failed.
+LEAVE_SILENCE_S_MAX = 5.0
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveReport:
+    """What a peer handed over before it left: each chunk and record is on
+    ``replication`` peers without it."""
+
+    peer_id: str
+    chunks: int
+    bytes: int
+    records: int
+    replication: int
+
+
+def leave_summary(report: LeaveReport) -> str:
+    """One line for people (``sr3 peer leave``)."""
+    return (
+        f"{report.peer_id} has left the ring: handed over {report.chunks} chunks "
+        f"({report.bytes / MIB:.1f} MiB) and {report.records} records; every one is on "
+        f"{report.replication} peers without it"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,22 +103,68 @@ class Admin:
                 causes.append(str(exc))
         raise PeerUnavailable("ring", "no peer gave its member table: " + "; ".join(causes))
 
-    async def leave(self, peer_id: str, *, wait: bool = True, timeout_s: float = 600.0) -> None:
-        """Ask ``peer_id`` to hand its data over and leave the ring; wait until it has."""
-        member = await self._member(peer_id, refresh=True)
+    async def leave(
+        self, peer_id: str, *, wait: bool = True, timeout_s: float = 600.0
+    ) -> LeaveReport | None:
+        """Ask ``peer_id`` to hand its data over and leave the ring. With ``wait``, return
+        only once every chunk and record it held is on R peers without it (what it
+        reports, and then announces as ``left``); ``SR3Error`` if the hand-over fails,
+        the peer dies first, or ``timeout_s`` passes."""
+        view = await self._view.ring(refresh=True)
+        member = await self._member(peer_id, refresh=False)
         route = api.ADMIN_LEAVE
-        await self._transport.request(member.address, route.method, route.pattern, ok=(202,))
+        answer = await self._transport.request(
+            member.address, route.method, route.pattern, ok=(202,)
+        )
         if not wait:
-            return
+            return None
         try:
             async with asyncio.timeout(timeout_s):
-                while True:
-                    await asyncio.sleep(LEAVE_POLL_S)
-                    states = {m["peer_id"]: m.get("state") for m in await self.members()}
-                    if states.get(peer_id) == "left":
-                        return
+                progress = await self._wait_handed_over(member, api.parse_leave_progress(
+                    answer.json()))  # fmt: skip
         except TimeoutError as exc:
             raise SR3Error(f"{peer_id} has not left the ring after {timeout_s:.0f} s") from exc
+        return LeaveReport(
+            peer_id, progress.chunks_moved, progress.bytes_moved, progress.records_moved,
+            view.replication,
+        )  # fmt: skip
+
+    async def _wait_handed_over(
+        self, member: Member, progress: api.LeaveProgress
+    ) -> api.LeaveProgress:
+        """Poll the leaving peer until it says its hand-over is done; the last progress."""
+        silent_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while progress.state != "done":
+            await asyncio.sleep(LEAVE_POLL_S)
+            try:
+                progress = await self._leave_progress(member)
+                silent_since = None
+            except (PeerError, ProtocolError) as exc:
+                silent_since = loop.time() if silent_since is None else silent_since
+                if await self._ring_state(member.peer_id) == "left":
+                    return progress  # left only after a complete hand-over
+                if loop.time() - silent_since > LEAVE_SILENCE_S_MAX:
+                    raise SR3Error(_died_message(member.peer_id, progress, exc)) from exc
+                continue
+            if progress.state == "failed":
+                raise SR3Error(f"{member.peer_id} did not leave: {progress.message}")
+            if progress.state == "idle":
+                raise SR3Error(f"{member.peer_id} is no longer leaving (it restarted?)")
+        return progress
+
+    async def _leave_progress(self, member: Member) -> api.LeaveProgress:
+        route = api.INFO
+        answer = await self._transport.request(member.address, route.method, route.pattern)
+        return api.parse_leave_progress(answer.json())
+
+    async def _ring_state(self, peer_id: str) -> str | None:
+        """``peer_id``'s state in the member table of a peer that answers, if any does."""
+        try:
+            entries = await self.members()
+        except PeerError:
+            return None
+        return next((str(e.get("state")) for e in entries if e.get("peer_id") == peer_id), None)
 
     async def admin_kill(self, peer_id: str) -> None:
         """Make ``peer_id`` exit at once, as if SIGKILLed (drills on a running ring). The
@@ -145,3 +216,12 @@ class Admin:
             chunks_under_replicated=sum(p.chunks_under_replicated or 0 for p in peers),
             chunks_lost=sum(p.chunks_lost or 0 for p in peers),
         )
+
+
+def _died_message(peer_id: str, progress: api.LeaveProgress, cause: Exception) -> str:
+    return (
+        f"{peer_id} stopped answering while handing its data over ({cause}); "
+        f"{progress.chunks_remaining} chunks and {progress.records_remaining} records were "
+        "not yet on R peers without it, so the leave did not complete: the ring "
+        "re-replicates from the other copies (see `sr3 status`)"
+    )

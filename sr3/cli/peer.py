@@ -169,14 +169,18 @@ def peer(
 def peer_leave(
     peer_id: str, ring: str | None, secret_file: Path | None, wait: bool, timeout_s: float
 ) -> None:
-    """Make PEER_ID hand its data over to the rest of the ring and leave it for good."""
+    """Make PEER_ID hand its data over to the rest of the ring and leave it for good.
+
+    Waits until every chunk and record it held is on R peers without it, then says how
+    much it handed over."""
     from ring.client import Client
+    from ring.client.admin import LeaveReport, leave_summary
 
     settings = ring_settings(ring, secret_file)
 
-    async def run() -> None:
+    async def run() -> LeaveReport | None:
         async with Client(settings.ring, settings.secret) as client:
-            await client.leave(peer_id, wait=wait, timeout_s=timeout_s)
+            return await client.admin.leave(peer_id, wait=wait, timeout_s=timeout_s)
 
-    asyncio.run(run())
-    click.echo(f"{peer_id} has left the ring" if wait else f"{peer_id} is leaving the ring")
+    report = asyncio.run(run())
+    click.echo(leave_summary(report) if report is not None else f"{peer_id} is leaving the ring")
