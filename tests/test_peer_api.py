@@ -411,6 +411,11 @@ RAW_GARBAGE = {
     b"Content-Length: 2\r\n\r\nab",
     "bad chunked body": b"PUT /v1/chunks/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     "truncated body": b"PUT /v1/chunks/x HTTP/1.1\r\nContent-Length: 100000\r\n\r\nabc",
+    "request line not ascii": b"GET /v1/records/\xc3\xa9?limit=\xc2\xb2 HTTP/1.1\r\n\r\n",
+    "request line too long": b"GET /v1/records?prefix=" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n",
+    "header not utf-8": b"GET /v1/info HTTP/1.1\r\nX-SR3-Timestamp: \xff\xfe\r\n"
+    b"X-SR3-Target: \xc2\xb2\r\nAuthorization: SR3-HMAC-SHA256 \xff\r\n\r\n",
+    "content length not ascii": b"PUT /v1/chunks/x HTTP/1.1\r\nContent-Length: \xc2\xb2\r\n\r\n",
 }
 
 
