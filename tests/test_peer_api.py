@@ -14,6 +14,7 @@ import random
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support import HttpProbe, metric_value, peer_address
@@ -601,3 +602,42 @@ async def test_record_versions_are_bounded_and_a_key_stays_writable(
         assert (answer.status, answer.body) == (200, b"new")
         assert answer.headers["X-SR3-Version"] == str(VERSION_MAX)
         assert await _five_xx(probe, target) == before
+
+
+# build_app keeps the Peer under a plain string key, which aiohttp warns about.
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+async def test_every_5xx_answer_is_json_and_counted(tmp_path: Path) -> None:
+    """An in-process peer with one extra route that fails unexpectedly (a bug stands in
+    for whatever input might still reach one). Must hold: a JSON 500, counted in
+    ``sr3_peer_responses_5xx_total``; the fuzz tests assert that counter stays 0."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from ring.clock import SYSTEM_CLOCKS
+    from ring.node import Node
+    from ring.peer import build_app
+    from ring.peer_config import PeerConfig
+
+    secret = "fuzz-secret-0123456789abcdef"
+    config = PeerConfig("p1", "127.0.0.1", 1, tmp_path, secret, overlay=False)
+    node = Node(config, SYSTEM_CLOCKS)
+    node.open()
+
+    async def broken(_request: web.Request) -> web.Response:
+        raise RuntimeError("a bug")
+
+    def extension(app: web.Application, _node: Node) -> None:
+        app.router.add_get("/v1/broken", broken)
+
+    signer = Signer(secret, time.time)
+    async with TestClient(TestServer(build_app(node, [extension]))) as client:
+        for expected in (1, 2):
+            headers = signer.headers("GET", "/v1/broken", target=config.address)
+            answer = await client.get("/v1/broken", headers=headers)
+            assert answer.status == 500
+            assert (await answer.json())["error"] == "internal"
+            headers = signer.headers("GET", "/metrics", target=config.address)
+            metrics = await (await client.get("/metrics", headers=headers)).text()
+            assert metric_value(metrics, FIVE_XX) == expected
+    await node.data_transport.close()
+    await node.control_transport.close()
