@@ -334,8 +334,9 @@ async def sr3_round(setup: Setup, cluster: LocalCluster, out_path: Path) -> Tria
     peer_pids = [peer.pid for peer in cluster.cluster.peers if peer.pid is not None]
     async with Client(cluster.ring, cluster.secret, options=setup.options) as client:
         await client.ring()
-        ref, write = await timed(client.put_file(setup.path), peer_pids, setup.settle_s)
-        _, read = await timed(client.get_file(ref, out_path), peer_pids, setup.settle_s)
+        # The chunk layer alone (no naming record), as the baseline stores bare files.
+        ref, write = await timed(client.chunks.put_file(setup.path), peer_pids, setup.settle_s)
+        _, read = await timed(client.chunks.get_file(ref, out_path), peer_pids, setup.settle_s)
         status = await client.status()
     down = [peer.peer_id for peer in status.peers if peer.stored_bytes is None]
     if down:

@@ -35,7 +35,7 @@ from typing import Any
 from ring import codec
 from ring.auth import SECRET_CHARS_MIN
 from ring.blobs import BlobRef
-from ring.client.admin import Admin, RingStatus
+from ring.client.admin import Admin, LeaveReport, RingStatus
 from ring.client.chunks import ChunkIO, first_error
 from ring.client.options import BLOB_KEY_PREFIX, ClientOptions, Progress, RecordValue, Source
 from ring.client.records import RecordIO
@@ -282,8 +282,12 @@ class Client:
     async def members(self) -> list[dict[str, Any]]:
         return await self.admin.members()
 
-    async def leave(self, peer_id: str, *, wait: bool = True, timeout_s: float = 600.0) -> None:
-        await self.admin.leave(peer_id, wait=wait, timeout_s=timeout_s)
+    async def leave(
+        self, peer_id: str, *, wait: bool = True, timeout_s: float = 600.0
+    ) -> LeaveReport | None:
+        """Ask ``peer_id`` to hand its data over and leave; with ``wait``, return once
+        every chunk and record it held is on R peers without it, and how much moved."""
+        return await self.admin.leave(peer_id, wait=wait, timeout_s=timeout_s)
 
     async def admin_kill(self, peer_id: str) -> None:
         await self.admin.admin_kill(peer_id)
