@@ -8,37 +8,59 @@ dispatch by name, the fire-and-forget tasks and the unbounded value store.
 
 Datagram format (UDP, one message per datagram, at most ``DATAGRAM_BYTES_MAX`` bytes)::
 
-    tag (32) | timestamp (8) | kind (1) | message id (20) | msgpack body
-               |<------------ signed: HMAC-SHA256 under the overlay key -------->|
+    tag (32) | version (1) | timestamp (8) | source (6) | destination (6) |
+               kind (1) | message id (20) | msgpack body
+
+    signed: everything after the tag, HMAC-SHA256 under the overlay key
 
 - ``tag`` is HMAC-SHA256 over everything after it, keyed with
   ``HMAC-SHA256(cluster secret, "sr3-overlay-v1")``, so the raw secret signs nothing.
+- ``version`` is ``WIRE_VERSION`` (2). Version 1 had neither this byte nor the addresses;
+  its datagrams are dropped as ``bad_version``, and a version 1 node reads ours as stale.
 - ``timestamp`` is unix seconds (unsigned, big endian) from the sender's clock; a receiver
-  drops datagrams more than ``SKEW_S_MAX`` seconds away from its own clock, and tags it
-  has already seen within that window (a bounded replay cache).
+  drops datagrams more than ``SKEW_S_MAX`` (30) seconds away from its own clock, so one
+  captured on the wire is replayable for 60 s at most, and within that window it drops
+  tags it has already admitted (a replay cache of ``REPLAY_TAGS_MAX`` tags that, when
+  full, refuses everything stamped at or before the oldest second it had to forget).
+- ``source`` is the address the sender listens on and other nodes know it by (its
+  advertised address), ``destination`` the address it sent the datagram to: each an
+  IPv4 address (4 bytes) and a UDP port (2 bytes, big endian).
 - ``kind | message id | body`` is rpcudp's payload: kind 0x00 is a request whose body is
   ``[method, [arguments]]``, 0x01 the response to the request with the same message id.
 
 What arrives is checked in this order, and a datagram that fails is dropped and counted
 under its reason (``OverlayStats.dropped``): size (``oversized``), tag (``bad_tag``),
-timestamp (``stale``), replay (``replay``), room in the bounded inbound queue
-(``queue_full``); then, when ``run()`` takes it from the queue, msgpack decoding and the
-message's shape (``malformed``), the method against an explicit table of four
+version (``bad_version``), timestamp (``stale``), the signed destination against this
+node's own addresses (``wrong_destination``), the signed source against the address the
+datagram came from (``wrong_source``), replay (``replay``), room in the bounded inbound
+queue (``queue_full``); then, when ``run()`` takes it from the queue, msgpack decoding and
+the message's shape (``malformed``), the method against an explicit table of four
 (``unknown_method``), the arguments' types and sizes (``bad_args``), and for a response
-the request it answers (``unexpected_response``) and the shape that request expects
-(``bad_response``; the call then fails). Nothing is ever unpickled or looked up by name.
+the request it answers (``unexpected_response``), that it comes from the address asked
+(``wrong_source``) and the shape that request expects (``bad_response``; the call then
+fails). Nothing is ever unpickled or looked up by name.
+
+A contact enters the routing table only at an address its owner signed: a request's
+sender at its signed source, which is where the datagram came from, and an answering
+node at the address it was asked at, which is the source its answer signed. Requests
+are answered at that same address.
 
 Threat model. The tag keeps out anyone without the cluster secret: such a host cannot
 join (its pings and lookups get no answer, and nothing it sends adds a contact), cannot
 poison routing tables or stored values (its stores never reach the store), cannot forge
 answers to our requests, and gets no traffic reflected or amplified to anyone. A datagram
-captured on the wire can be replayed only within the clock window, at most once while the
-replay cache remembers it. The overlay gives no confidentiality: bodies are plain
-msgpack, so node ids, addresses and announced values are readable on the path; announce
-nothing secret. Every holder of the secret is trusted: a peer with it can store any value
-under any key, claim any node id and hand out made-up contacts. Flooding is bounded (the
-inbound queue drops and counts) but still costs honest datagrams, and peers whose clocks
-differ by more than ``SKEW_S_MAX`` drop each other's traffic as stale.
+it captured on the wire is of no use sent from its own address (``wrong_source``: no
+contact, no answer) or to any node but the one it was meant for (``wrong_destination``);
+with a forged source address it can deliver it once more to that node, within 60 s of
+its timestamp and only if that node never admitted it. The overlay gives no
+confidentiality: bodies are plain msgpack, so node ids, addresses and announced values
+are readable on the path; announce nothing secret. Every holder of the secret is
+trusted: a peer with it can store any value under any key, claim any node id and hand
+out made-up contacts. Flooding is bounded (the inbound queue drops and counts) but still
+costs honest datagrams, and peers whose clocks differ by more than ``SKEW_S_MAX`` drop
+each other's traffic as stale. Nodes must reach each other at their advertised addresses
+and send from them: there is no NAT traversal, and a datagram that arrives from another
+address than the one signed is dropped.
 
 Layout. This module is the public face and the upkeep: ``Overlay`` joins, announces,
 looks up and refreshes. ``ring.overlay_wire`` implements the format above as pure
@@ -50,6 +72,7 @@ the asyncio protocol that moves datagrams between them and the socket.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import random
@@ -65,7 +88,7 @@ from kademlia.utils import digest
 
 from ring.auth import SECRET_CHARS_MIN
 from ring.loops import run_periodic
-from ring.overlay_protocol import DROP_REASONS, INBOX_DATAGRAMS_MAX, Address, OverlayProtocol
+from ring.overlay_protocol import DROP_REASONS, INBOX_DATAGRAMS_MAX, OverlayProtocol
 from ring.overlay_table import (
     VALUE_TTL_REFRESHES,
     VALUES_MAX,
@@ -77,8 +100,11 @@ from ring.overlay_table import (
 from ring.overlay_wire import (
     DATAGRAM_BYTES_MAX,
     KSIZE_MAX,
+    REPLAY_TAGS_MAX,
     SKEW_S_MAX,
     VALUE_BYTES_MAX,
+    WIRE_VERSION,
+    Address,
     node_id_for,
     overlay_key,
 )
@@ -87,9 +113,11 @@ __all__ = [
     "DATAGRAM_BYTES_MAX",
     "DROP_REASONS",
     "INBOX_DATAGRAMS_MAX",
+    "REPLAY_TAGS_MAX",
     "SKEW_S_MAX",
     "VALUES_MAX",
     "VALUE_BYTES_MAX",
+    "WIRE_VERSION",
     "Overlay",
     "OverlayStats",
     "node_id_for",
@@ -127,26 +155,62 @@ def _digest(key: str) -> bytes:
     return hashed
 
 
-async def _resolve_seed(seed: str) -> Address | None:
-    """``host:port`` as an IPv4 address, or None (logged) when it is not one."""
-    host, _, port_text = seed.rpartition(":")
+async def _resolve(text: str) -> Address:
+    """``host:port`` as an IPv4 address; ValueError saying why it is not one."""
+    host, _, port_text = text.rpartition(":")
     port_ok = port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536
     if not host or not port_ok:
-        log.warning("overlay seed %r is not host:port; skipped", seed)
-        return None
+        raise ValueError("is not host:port")
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(
             host, int(port_text), family=socket.AF_INET, type=socket.SOCK_DGRAM
         )
     except (OSError, UnicodeError) as exc:
-        log.warning("overlay seed %r does not resolve (%s); skipped", seed, exc)
-        return None
+        raise ValueError(f"does not resolve ({exc})") from exc
     if not infos:
-        log.warning("overlay seed %r has no IPv4 address; skipped", seed)
-        return None
+        raise ValueError("has no IPv4 address")
     ip, port = infos[0][4][:2]
     return (str(ip), int(port))
+
+
+async def _resolve_seed(seed: str) -> Address | None:
+    """``host:port`` as an IPv4 address, or None (logged) when it is not one."""
+    try:
+        return await _resolve(seed)
+    except ValueError as exc:
+        log.warning("overlay seed %r %s; skipped", seed, exc)
+        return None
+
+
+def _is_ipv4_text(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_unspecified(ip: str) -> bool:
+    return ipaddress.IPv4Address(ip).is_unspecified
+
+
+async def _resolve_advertised(host: str, advertise: str | None) -> Address | None:
+    """The address ``advertise`` names, or None to advertise the bound address."""
+    if advertise is None:
+        if not host or (_is_ipv4_text(host) and _is_unspecified(host)):
+            raise ValueError(
+                f"an overlay listening on {host or 'every address'} needs advertise: "
+                "the host:port other peers reach it at"
+            )
+        return None
+    try:
+        advertised = await _resolve(advertise)
+    except ValueError as exc:
+        raise ValueError(f"the overlay's advertised address {advertise!r} {exc}") from exc
+    if _is_unspecified(advertised[0]):
+        raise ValueError(f"the overlay cannot advertise {advertise!r}: peers cannot reach it")
+    return advertised
 
 
 class Overlay:
@@ -196,15 +260,35 @@ class Overlay:
         self._seeds: list[Address] = []
         self._address: Address | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        """Bind UDP ``host:port`` (IPv4). OSError if the address is taken."""
+    async def start(self, host: str, port: int, advertise: str | None = None) -> None:
+        """Bind UDP ``host:port`` (IPv4). OSError if the address is taken.
+
+        ``advertise`` ("host:port", resolved to IPv4 once, here) is the address other
+        nodes reach this one at and that it signs as its own; by default the bound
+        address, which must then be a concrete one (not 0.0.0.0). This node answers
+        datagrams signed for either. ValueError if ``advertise`` is not usable.
+        """
         if self._address is not None:
             raise RuntimeError("the overlay is already started")
+        advertised = await _resolve_advertised(host, advertise)
         loop = asyncio.get_running_loop()
         await loop.create_datagram_endpoint(
             lambda: self._protocol, local_addr=(host, port), family=socket.AF_INET
         )
-        self._address = self._protocol.local_address()
+        bound = self._protocol.local_address()
+        assert bound is not None, "the socket is bound"
+        own = set() if _is_unspecified(bound[0]) else {bound}
+        if advertised is not None:
+            own.add(advertised)
+            if advertised[1] != bound[1]:
+                log.warning(
+                    "overlay: advertises %s:%d but listens on port %d; other nodes drop "
+                    "datagrams that do not come from the address they are signed with",
+                    *advertised,
+                    bound[1],
+                )
+        self._protocol.set_addresses(advertised or bound, frozenset(own))
+        self._address = advertised or bound
 
     async def run(self) -> None:
         """Process datagrams and refresh periodically, until cancelled.
@@ -232,7 +316,8 @@ class Overlay:
         resolved: list[Address] = []
         for seed in seeds[:SEEDS_MAX]:
             address = await _resolve_seed(seed)
-            if address is not None and address != self._address and address not in resolved:
+            own = self._protocol.own_addresses()
+            if address is not None and address not in own and address not in resolved:
                 resolved.append(address)
         self._seeds = resolved
         await self._join(resolved)

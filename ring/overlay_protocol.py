@@ -1,11 +1,12 @@
 """The overlay's asyncio shell: the UDP protocol that kademlia's lookups run on.
 
 ``OverlayProtocol`` is kademlia's ``KademliaProtocol`` with the unsafe parts of rpcudp
-replaced: incoming datagrams go through ``ring.overlay_wire`` (authenticate, then queue;
-decode and dispatch from an explicit table), outgoing calls are explicit methods that
-record the answer they expect, every datagram sent is sealed, and background work runs
-as bounded, tracked tasks that ``close`` cancels and awaits. Decisions about values and
-routing come from ``ring.overlay_table``.
+replaced: incoming datagrams go through ``ring.overlay_wire`` (authenticate and check
+their signed addresses, then queue; decode and dispatch from an explicit table), outgoing
+calls are explicit methods that record the answer they expect and whom they asked, every
+datagram sent is sealed with this node's address and its destination, and background
+work runs as bounded, tracked tasks that ``close`` cancels and awaits. Decisions about
+values and routing come from ``ring.overlay_table``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from ring.overlay_wire import (
     DATAGRAM_DROP_REASONS,
     MESSAGE_ID_BYTES,
     RESPONSE_CHECKS,
+    Address,
     DatagramGate,
     Dropped,
     Request,
     Response,
+    pack_address,
     parse_message,
     request_payload,
     response_payload,
@@ -54,22 +57,28 @@ OUTSTANDING_REQUESTS_MAX = 1024
 # "tasks_full": a hand-over store or a bucket-head ping not started (task set full).
 DROP_REASONS = (*DATAGRAM_DROP_REASONS, "tasks_full")
 
-Address = tuple[str, int]
 CallResult = tuple[bool, Any]  # kademlia's (answered, body) convention
 
 
 class _SigningTransport:
-    """The transport that rpcudp and kademlia see: every datagram they send is sealed."""
+    """The transport that rpcudp and kademlia see: every datagram they send is sealed,
+    signed as sent from ``source`` (this node's advertised address) to its destination."""
 
     def __init__(
-        self, transport: asyncio.DatagramTransport, key: bytes, clock: Callable[[], float]
+        self,
+        transport: asyncio.DatagramTransport,
+        key: bytes,
+        clock: Callable[[], float],
+        source: Address,
     ) -> None:
         self._transport = transport
         self._key = key
         self._clock = clock
+        self._source = source
 
     def sendto(self, payload: bytes, address: Address) -> None:
-        self._transport.sendto(seal(self._key, int(self._clock()), payload), address)
+        datagram = seal(self._key, int(self._clock()), self._source, address, payload)
+        self._transport.sendto(datagram, address)
 
 
 async def _run_job(job: Callable[..., Awaitable[object]], arguments: tuple[Any, ...]) -> None:
@@ -106,7 +115,9 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
         self._clock = clock
         self._inbox: asyncio.Queue[tuple[bytes, Address]] = asyncio.Queue(INBOX_DATAGRAMS_MAX)
         self._gate = DatagramGate(key)
-        self._expected: dict[bytes, str] = {}
+        # Every address this node admits datagrams signed for (set_addresses).
+        self._own_addresses: frozenset[Address] = frozenset()
+        self._expected: dict[bytes, tuple[str, Address]] = {}  # method, whom we asked
         self._tasks: set[asyncio.Task[None]] = set()
         self._socket: asyncio.DatagramTransport | None = None
         self._lost: asyncio.Future[None] | None = None
@@ -122,9 +133,20 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A datagram endpoint's transport (on 3.11 not a DatagramTransport subclass).
+        # Nothing is sent (nor admitted: no own address yet) until ``set_addresses``.
         self._socket = cast(asyncio.DatagramTransport, transport)
         self._lost = asyncio.get_running_loop().create_future()
-        self.transport = _SigningTransport(self._socket, self._key, self._clock)
+
+    def set_addresses(self, advertised: Address, own_addresses: frozenset[Address]) -> None:
+        """Sign datagrams as from ``advertised``; admit those signed for ``own_addresses``."""
+        assert advertised in own_addresses, (advertised, own_addresses)
+        assert self._socket is not None and self.transport is None, "set once, after binding"
+        pack_address(advertised)  # an IPv4 address and a port, or a bug
+        self._own_addresses = own_addresses
+        self.transport = _SigningTransport(self._socket, self._key, self._clock, advertised)
+
+    def own_addresses(self) -> frozenset[Address]:
+        return self._own_addresses
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -139,9 +161,10 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
 
     def datagram_received(self, data: bytes, addr: Address) -> None:
         # Replaces rpcudp's version (an ensure_future per datagram): authenticate, queue.
+        came_from = (str(addr[0]), int(addr[1]))
         try:
-            payload = self._gate.admit(data, self._clock())
-            self._inbox.put_nowait((payload, (str(addr[0]), int(addr[1]))))
+            admitted = self._gate.admit(data, came_from, self._own_addresses, self._clock())
+            self._inbox.put_nowait((admitted.payload, admitted.source))
         except Dropped as exc:
             self._drop(exc.reason)
         except asyncio.QueueFull:
@@ -180,11 +203,17 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
             self.transport.sendto(reply, sender)
 
     def _settle(self, response: Response, sender: Address) -> None:
-        method = self._expected.pop(response.message_id, None)
+        expected = self._expected.pop(response.message_id, None)
         pending = self._outstanding.get(response.message_id)
-        if method is None or pending is None or pending[0].done():
+        if expected is None or pending is None or pending[0].done():
             self._finish(response.message_id, (False, None))  # e.g. its caller gave up
             raise Dropped("unexpected_response")
+        method, asked = expected
+        if pack_address(sender) != pack_address(asked):
+            # Answered from an address other than the one asked (and signed as such):
+            # the caller would learn the contact at an address it never signed.
+            self._finish(response.message_id, (False, None))
+            raise Dropped("wrong_source")
         if not RESPONSE_CHECKS[method](response.body):
             self._finish(response.message_id, (False, None))
             raise Dropped("bad_response")
@@ -254,7 +283,7 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
         self.transport.sendto(payload, address)
         timer = loop.call_later(self._wait_timeout, self._timeout, message_id)
         self._outstanding[message_id] = (future, timer)
-        self._expected[message_id] = method
+        self._expected[message_id] = (method, address)
         return future
 
     def _timeout(self, msg_id: bytes) -> None:

@@ -3,8 +3,8 @@
 Every node is an in-process ``Overlay`` on its own loopback address (127.0.0.2 and up)
 with its ``run()`` in a task that the ``swarm`` fixture cancels and awaits, then
 ``stop()``s. Attackers are bare UDP sockets that build datagrams by hand from the wire
-format in ``ring.overlay``'s docstring (tag | timestamp | rpcudp payload), so the tests
-check the format as specified, not as implemented.
+format in ``ring.overlay``'s docstring (tag | version | timestamp | source | destination
+| rpcudp payload), so the tests check the format as specified, not as implemented.
 
 Every datagram a node receives ends up counted exactly once: as handled or under one drop
 reason. Tests wait on that count to know a node has processed what they sent.
@@ -45,15 +45,42 @@ WRONG_SECRET = "not-the-cluster-secret-987654321"
 RPC_TIMEOUT_S = 0.5
 WAIT_S = 5.0
 START_TRIES = 5
+# The documented window: a datagram is admitted within 30 s of the receiver's clock.
+WINDOW_S = 30
 
 
 # --- hand-built datagrams ----------------------------------------------------------------
 
 
-def seal(payload: bytes, *, secret: str = SECRET, timestamp_s: int | None = None) -> bytes:
+Address = tuple[str, int]
+TAG_BYTES = 32
+ENVELOPE_BYTES = 1 + 8 + 6 + 6  # version, timestamp, source, destination
+
+
+def packed(address: Address) -> bytes:
+    return socket.inet_aton(address[0]) + address[1].to_bytes(2, "big")
+
+
+def seal(
+    payload: bytes,
+    *,
+    source: Address,
+    destination: Address,
+    secret: str = SECRET,
+    timestamp_s: int | None = None,
+    version: int = 2,
+) -> bytes:
     key = hmac.new(secret.encode(), b"sr3-overlay-v1", hashlib.sha256).digest()
     stamp = int(time.time()) if timestamp_s is None else timestamp_s
-    signed = stamp.to_bytes(8, "big") + payload
+    envelope = bytes([version]) + stamp.to_bytes(8, "big") + packed(source) + packed(destination)
+    signed = envelope + payload
+    return hmac.new(key, signed, hashlib.sha256).digest() + signed
+
+
+def seal_v1(payload: bytes) -> bytes:
+    """A datagram of the first wire format: tag | timestamp | payload."""
+    key = hmac.new(SECRET.encode(), b"sr3-overlay-v1", hashlib.sha256).digest()
+    signed = int(time.time()).to_bytes(8, "big") + payload
     return hmac.new(key, signed, hashlib.sha256).digest() + signed
 
 
@@ -91,17 +118,32 @@ class RawPeer(asyncio.DatagramProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed.set_result(None)
 
-    def send(self, datagram: bytes, address: tuple[str, int]) -> None:
+    @property
+    def address(self) -> Address:
+        host, port = self.sock.getsockname()
+        return (str(host), int(port))
+
+    @property
+    def seed(self) -> str:
+        return "{}:{}".format(*self.address)
+
+    def send(self, datagram: bytes, address: Address) -> None:
         self.sock.sendto(datagram, address)
 
+    def send_sealed(self, payload: bytes, address: Address, **options: Any) -> None:
+        """Seal ``payload`` as sent from this socket to ``address``, and send it."""
+        self.send(seal(payload, source=self.address, destination=address, **options), address)
+
     async def receive(self, kind: bytes) -> tuple[bytes, Any]:
-        """The next datagram, checked as sealed and of ``kind``: (message id, body)."""
+        """The next datagram, checked as sealed for us and of ``kind``: (id, body)."""
         datagram = await asyncio.wait_for(self.received.get(), WAIT_S)
-        tag, signed = datagram[:32], datagram[32:]
+        tag, signed = datagram[:TAG_BYTES], datagram[TAG_BYTES:]
         key = hmac.new(SECRET.encode(), b"sr3-overlay-v1", hashlib.sha256).digest()
         assert hmac.compare_digest(tag, hmac.new(key, signed, hashlib.sha256).digest())
-        assert abs(int.from_bytes(signed[:8], "big") - time.time()) <= SKEW_S_MAX
-        payload = signed[8:]
+        assert signed[0] == 2
+        assert abs(int.from_bytes(signed[1:9], "big") - time.time()) <= SKEW_S_MAX
+        assert signed[15:21] == packed(self.address)
+        payload = signed[ENVELOPE_BYTES:]
         assert payload[:1] == kind
         return payload[1:21], umsgpack.unpackb(payload[21:])
 
@@ -111,8 +153,8 @@ class RawPeer(asyncio.DatagramProtocol):
     async def request(self) -> tuple[bytes, Any]:
         return await self.receive(b"\x00")
 
-    def respond(self, message_id: bytes, body: Any, address: tuple[str, int]) -> None:
-        self.send(seal(b"\x01" + message_id + umsgpack.packb(body)), address)
+    def respond(self, message_id: bytes, body: Any, address: Address) -> None:
+        self.send_sealed(b"\x01" + message_id + umsgpack.packb(body), address)
 
 
 # --- running nodes -----------------------------------------------------------------------
@@ -159,6 +201,7 @@ class Swarm:
         host: str | None = None,
         port: int | None = None,
         run: bool = True,
+        advertise: str | None = None,
         **options: Any,
     ) -> Member:
         host = self.next_host() if host is None else host
@@ -167,7 +210,10 @@ class Swarm:
         for attempt in range(START_TRIES):
             chosen = free_port(host) if port is None else port
             try:
-                await overlay.start(host, chosen)
+                if advertise is None:
+                    await overlay.start(host, chosen)
+                else:
+                    await overlay.start(host, chosen, advertise)
                 break
             except OSError:  # another process took the port between probe and bind
                 if port is not None or attempt == START_TRIES - 1:
@@ -185,22 +231,26 @@ class Swarm:
                 await member.task
         await member.overlay.stop()
 
-    async def raw_peer(self, host: str = "127.0.0.1") -> RawPeer:
+    async def raw_peer(self, host: str = "127.0.0.1", port: int = 0) -> RawPeer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.setblocking(False)
-        sock.bind((host, 0))
+        sock.bind((host, port))
         loop = asyncio.get_running_loop()
         _, peer = await loop.create_datagram_endpoint(lambda: RawPeer(sock), sock=sock)
         self.raw_peers.append(peer)
         return peer
 
+    async def close_raw_peer(self, peer: RawPeer) -> None:
+        self.raw_peers.remove(peer)
+        assert peer.transport is not None
+        peer.transport.close()
+        await peer.closed
+
     async def close(self) -> None:
         for member in list(self.members):
             await self.remove(member)
-        for peer in self.raw_peers:
-            assert peer.transport is not None
-            peer.transport.close()
-            await peer.closed
+        for peer in list(self.raw_peers):
+            await self.close_raw_peer(peer)
 
 
 @pytest.fixture
@@ -341,7 +391,7 @@ async def test_a_full_bucket_pings_its_head_and_replaces_it_when_silent(swarm: S
     raws = {name: await swarm.raw_peer() for name in ids}
     addresses = {name: raw.sock.getsockname() for name, raw in raws.items()}
     for count, name in enumerate(ids, start=1):
-        raws[name].send(seal(request("ping", ids[name])), node.address)
+        raws[name].send_sealed(request("ping", ids[name]), node.address)
         await settled(node, count)
     assert set(node.overlay.contacts()) == {addresses["a"], addresses["b"]}
 
@@ -411,8 +461,8 @@ async def test_a_node_without_the_secret_cannot_join_or_poison(swarm: Swarm) -> 
     for target in (seed, honest):
         for key in ("members/honest", "poison"):
             store = request("store", ATTACKER_ID, key_digest(key), b"evil")
-            raw.send(seal(store, secret=WRONG_SECRET), target.address)
-        raw.send(seal(request("ping", ATTACKER_ID), secret=WRONG_SECRET), target.address)
+            raw.send_sealed(store, target.address, secret=WRONG_SECRET)
+        raw.send_sealed(request("ping", ATTACKER_ID), target.address, secret=WRONG_SECRET)
 
     for target in (seed, honest):
         stats = await settled(target, before[target.seed] + 3)
@@ -424,6 +474,141 @@ async def test_a_node_without_the_secret_cannot_join_or_poison(swarm: Swarm) -> 
     assert outsider.overlay.stats().handled == 0
 
 
+async def capture(at: RawPeer, sender: Member) -> bytes:
+    """A datagram that ``sender`` signs for ``at``'s address: its ping when it joins there."""
+    joining = asyncio.create_task(sender.overlay.bootstrap([at.seed]))
+    datagram = await asyncio.wait_for(at.received.get(), WAIT_S)
+    await joining  # unanswered
+    return datagram
+
+
+async def test_replayed_datagrams_never_put_a_stranger_in_a_routing_table(swarm: Swarm) -> None:
+    """Breaks: a stranger without the secret captures real peers' signed datagrams (pings
+    sent to it, and pings on their way to the victim's address) and replays them from its
+    own address to a victim that knows none of them.
+    Holds: the victim adds no contact (none at the stranger's address under a real
+    peer's id), answers nothing, and drops each replay as misdirected or as sent from
+    another address than the one signed."""
+    a, b = await swarm.add(), await swarm.add()
+    assert await b.overlay.bootstrap([a.seed]) == 1
+    stranger = await swarm.raw_peer()
+    victim_host = swarm.next_host()
+    listener = await swarm.raw_peer(victim_host)  # where the victim will listen
+    victim_port = listener.address[1]
+    captured = [await capture(at, sender) for at in (stranger, listener) for sender in (a, b)]
+    await swarm.close_raw_peer(listener)
+    victim = await swarm.add(host=victim_host, port=victim_port)
+
+    for datagram in captured:
+        stranger.send(datagram, victim.address)
+    stats = await settled(victim, len(captured))
+    assert stranger.address not in victim.overlay.contacts()
+    assert victim.overlay.contacts() == []
+    assert stats.handled == 0
+    assert growth(OverlayStats(0, dict.fromkeys(DROP_REASONS, 0)), stats) == {
+        "wrong_destination": 2,  # signed for the stranger's address
+        "wrong_source": 2,  # signed for the victim's, by a real peer at its own address
+    }
+    await asyncio.sleep(RPC_TIMEOUT_S)  # time for answers it should not get
+    assert stranger.received.empty()
+
+
+async def test_a_datagram_delivered_after_the_window_is_dropped(swarm: Swarm) -> None:
+    """Breaks: a datagram captured on its way to the victim is delivered late from its
+    sender's own address (a forged source, or the address taken over once it is free).
+    Holds: more than WINDOW_S seconds after its timestamp it is dropped as stale;
+    within them it is admitted once, and dropped as a replay after that."""
+    assert SKEW_S_MAX == WINDOW_S
+    offset_s = 0.0
+    sender = await swarm.add()
+    victim_host = swarm.next_host()
+    listener = await swarm.raw_peer(victim_host)
+    victim_port = listener.address[1]
+    captured = await capture(listener, sender)
+    await swarm.close_raw_peer(listener)
+    sender_address = sender.address
+    await swarm.remove(sender)
+    forger = await swarm.raw_peer(*sender_address)
+    victim = await swarm.add(
+        host=victim_host,
+        port=victim_port,
+        clock=lambda: time.time() + offset_s,
+        monotonic=time.monotonic,
+    )
+
+    offset_s = WINDOW_S + 1.0
+    forger.send(captured, victim.address)
+    stats = await settled(victim, 1)
+    assert stats.handled == 0
+    assert stats.dropped["stale"] == 1
+    assert victim.overlay.contacts() == []
+
+    offset_s = 0.0
+    forger.send(captured, victim.address)
+    forger.send(captured, victim.address)
+    stats = await settled(victim, 3)
+    assert stats.handled == 1
+    assert stats.dropped["replay"] == 1
+    assert victim.overlay.contacts() == [sender_address]
+
+
+async def test_an_answer_from_another_address_fails_the_call(swarm: Swarm) -> None:
+    """Breaks: a node asked at one address answers, signed, from another one.
+    Holds: the call fails at once (wrong_source) and neither address becomes a contact."""
+    node = await swarm.add(rpc_timeout_s=60.0)
+    asked, other = await swarm.raw_peer(), await swarm.raw_peer()
+    async with asyncio.timeout(WAIT_S):  # far below the 60 s timeout: failed, not timed out
+        joining = asyncio.create_task(node.overlay.bootstrap([asked.seed]))
+        message_id, (method, _) = await asked.request()
+        assert method == "ping"
+        other.respond(message_id, ATTACKER_ID, node.address)
+        assert await joining == 0
+    stats = await settled(node, 1)
+    assert stats.dropped["wrong_source"] == 1
+    assert node.overlay.contacts() == []
+
+
+async def test_a_node_on_every_address_signs_the_address_it_advertises(swarm: Swarm) -> None:
+    """A node bound to 0.0.0.0 must say where it is reached; others learn it there."""
+    port = free_port("0.0.0.0")
+    with pytest.raises(ValueError, match="needs advertise"):
+        await Overlay(SECRET, "wild").start("0.0.0.0", port)
+    with pytest.raises(ValueError, match="cannot advertise"):
+        await Overlay(SECRET, "wild").start("0.0.0.0", port, advertise=f"0.0.0.0:{port}")
+    with pytest.raises(ValueError, match="is not host:port"):
+        await Overlay(SECRET, "wild").start("0.0.0.0", port, advertise="127.0.0.1")
+    # Loopback datagrams from a socket on 0.0.0.0 leave from 127.0.0.1.
+    wild = await swarm.add(host="0.0.0.0", port=port, advertise=f"localhost:{port}")
+    joiner = await swarm.add()
+    assert await joiner.overlay.bootstrap([f"127.0.0.1:{port}"]) == 1
+    assert joiner.overlay.contacts() == [("127.0.0.1", port)]
+    assert wild.overlay.contacts() == [joiner.address]
+
+
+def test_the_replay_cache_is_bounded_and_leaves_no_hole() -> None:
+    """Tags are kept while their datagram could still be fresh; when the cache is full,
+    the oldest second is forgotten and nothing stamped at or before it is admitted."""
+    from ring.overlay_wire import SKEW_S_MAX as skew_s
+    from ring.overlay_wire import TagCache
+
+    cache = TagCache(tags_max=3)
+    assert cache.admit(b"a", 1000, 1000.0) is None
+    assert cache.admit(b"a", 1000, 1000.0 + skew_s) == "replay"
+    assert cache.admit(b"x", 1000 + skew_s + 10, 1000.5 + skew_s + 10) is None
+    assert len(cache) == 1  # "a" is stale by now: forgotten
+    t = 1000 + skew_s + 10
+    for tag, second in ((b"b", t + 1), (b"c", t + 1), (b"d", t + 2)):
+        assert cache.admit(tag, second, float(second)) is None
+        assert len(cache) <= 3
+    assert len(cache) == 3  # x was forgotten to make room
+    assert cache.admit(b"x", t, t + 2.0) == "stale"  # a replay it can no longer recognise
+    assert cache.admit(b"y", t, t + 2.0) == "stale"
+    assert cache.admit(b"e", t + 3, t + 3.0) is None  # b and c are forgotten
+    assert cache.admit(b"b", t + 1, t + 3.0) == "stale"
+    assert cache.admit(b"d", t + 2, t + 3.0) == "replay"
+    assert len(cache) == 2
+
+
 async def test_garbage_datagrams_are_dropped_and_counted(swarm: Swarm, rng: random.Random) -> None:
     """Breaks: every kind of bad datagram at one node. Holds: each is dropped under its
     reason, nothing is stored or added, and the node still serves honest peers."""
@@ -431,38 +616,50 @@ async def test_garbage_datagrams_are_dropped_and_counted(swarm: Swarm, rng: rand
     assert await honest.overlay.bootstrap([node.seed]) == 1
     raw = await swarm.raw_peer()
     now = int(time.time())
-    ping = seal(request("ping", ATTACKER_ID))
+
+    def sealed(payload: bytes, **options: Any) -> bytes:
+        return seal(payload, **{"source": raw.address, "destination": node.address, **options})
+
+    ping = sealed(request("ping", ATTACKER_ID))
+    next_port = (node.host, node.port + 1 if node.port < 65535 else node.port - 1)
+    other_host = ("127.0.0.1", node.port)
     cases: list[tuple[bytes, str]] = [
         (rng.randbytes(200), "bad_tag"),
         (b"", "bad_tag"),
         (b"\x00", "bad_tag"),
         (b"\x00" * 40, "bad_tag"),
-        (seal(request("ping", ATTACKER_ID), secret=WRONG_SECRET), "bad_tag"),
-        (seal(b"\x00" + os.urandom(20) + b"\xc1"), "malformed"),  # reserved msgpack code
-        (seal(b"\x00" + os.urandom(20) + b"\x92"), "malformed"),  # truncated array
-        (seal(b"\x00" + os.urandom(20)), "malformed"),  # header only
-        (seal(b"\x00"), "malformed"),
-        (seal(b""), "malformed"),
-        (seal(b"\x02" + request("ping", ATTACKER_ID)[1:]), "malformed"),  # unknown kind
-        (seal(b"\x00" + os.urandom(20) + umsgpack.packb({"ping": []})), "malformed"),
-        (seal(b"\x00" + os.urandom(20) + umsgpack.packb(["ping", ATTACKER_ID])), "malformed"),
-        (seal(b"\x00" + os.urandom(20) + b"\x91" * 5000), "malformed"),  # deep nesting
-        (seal(request("ping", 123)), "bad_args"),
-        (seal(request("ping", ATTACKER_ID[:19])), "bad_args"),
-        (seal(request("ping")), "bad_args"),
-        (seal(request("ping", ATTACKER_ID, ATTACKER_ID)), "bad_args"),
-        (seal(request("store", ATTACKER_ID, key_digest("k"), "text, not bytes")), "bad_args"),
-        (seal(request("store", ATTACKER_ID, "k", b"v")), "bad_args"),
-        (seal(request("find_node", ATTACKER_ID, [1, 2])), "bad_args"),
-        (seal(request("_accept_response", os.urandom(20), None, ["x", 1])), "unknown_method"),
-        (seal(request("__init__")), "unknown_method"),
-        (seal(request("stun")), "unknown_method"),
-        (seal(request("rpc_ping", ATTACKER_ID)), "unknown_method"),
-        (seal(request("ping", ATTACKER_ID), timestamp_s=now - SKEW_S_MAX - 60), "stale"),
-        (seal(request("ping", ATTACKER_ID), timestamp_s=now + SKEW_S_MAX + 60), "stale"),
-        (seal(b"\x01" + os.urandom(20) + umsgpack.packb(b"x")), "unexpected_response"),
+        (sealed(request("ping", ATTACKER_ID), secret=WRONG_SECRET), "bad_tag"),
+        (sealed(b"\x00" + os.urandom(20) + b"\xc1"), "malformed"),  # reserved msgpack code
+        (sealed(b"\x00" + os.urandom(20) + b"\x92"), "malformed"),  # truncated array
+        (sealed(b"\x00" + os.urandom(20)), "malformed"),  # header only
+        (sealed(b"\x00"), "malformed"),
+        (sealed(b""), "malformed"),
+        (sealed(b"\x02" + request("ping", ATTACKER_ID)[1:]), "malformed"),  # unknown kind
+        (sealed(b"\x00" + os.urandom(20) + umsgpack.packb({"ping": []})), "malformed"),
+        (sealed(b"\x00" + os.urandom(20) + umsgpack.packb(["ping", ATTACKER_ID])), "malformed"),
+        (sealed(b"\x00" + os.urandom(20) + b"\x91" * 5000), "malformed"),  # deep nesting
+        (sealed(request("ping", 123)), "bad_args"),
+        (sealed(request("ping", ATTACKER_ID[:19])), "bad_args"),
+        (sealed(request("ping")), "bad_args"),
+        (sealed(request("ping", ATTACKER_ID, ATTACKER_ID)), "bad_args"),
+        (sealed(request("store", ATTACKER_ID, key_digest("k"), "text, not bytes")), "bad_args"),
+        (sealed(request("store", ATTACKER_ID, "k", b"v")), "bad_args"),
+        (sealed(request("find_node", ATTACKER_ID, [1, 2])), "bad_args"),
+        (sealed(request("_accept_response", os.urandom(20), None, ["x", 1])), "unknown_method"),
+        (sealed(request("__init__")), "unknown_method"),
+        (sealed(request("stun")), "unknown_method"),
+        (sealed(request("rpc_ping", ATTACKER_ID)), "unknown_method"),
+        (sealed(request("ping", ATTACKER_ID), timestamp_s=now - SKEW_S_MAX - 60), "stale"),
+        (sealed(request("ping", ATTACKER_ID), timestamp_s=now + SKEW_S_MAX + 60), "stale"),
+        (sealed(b"\x01" + os.urandom(20) + umsgpack.packb(b"x")), "unexpected_response"),
+        (seal_v1(request("ping", ATTACKER_ID)), "bad_version"),
+        (sealed(request("ping", ATTACKER_ID), version=3), "bad_version"),
+        (sealed(request("ping", ATTACKER_ID), destination=next_port), "wrong_destination"),
+        (sealed(request("ping", ATTACKER_ID), destination=other_host), "wrong_destination"),
+        (sealed(request("ping", ATTACKER_ID), source=node.address), "wrong_source"),
+        (sealed(request("ping", ATTACKER_ID), source=(raw.address[0], 1)), "wrong_source"),
         (rng.randbytes(64_000), "oversized"),
-        (seal(rng.randbytes(DATAGRAM_BYTES_MAX)), "oversized"),
+        (sealed(rng.randbytes(DATAGRAM_BYTES_MAX)), "oversized"),
         (ping, "handled"),
         (ping, "replay"),
     ]
@@ -475,7 +672,7 @@ async def test_garbage_datagrams_are_dropped_and_counted(swarm: Swarm, rng: rand
     assert growth(before, after) == {r: n for r, n in expected.items() if n}
     assert after.handled - before.handled == 1
     message_id, body = await raw.answer()  # the one valid ping, answered once
-    assert message_id == ping[41:61]
+    assert message_id == ping[TAG_BYTES + ENVELOPE_BYTES + 1 :][:20]
     assert body == node_id_for(f"peer-{node.host}")
     assert after.values_stored == 0
 
@@ -491,7 +688,7 @@ async def test_a_full_inbound_queue_drops_and_counts(swarm: Swarm) -> None:
     raw = await swarm.raw_peer()
     extra = 10
     for sent in range(INBOX_DATAGRAMS_MAX + extra):
-        raw.send(seal(request("ping", ATTACKER_ID)), node.address)
+        raw.send_sealed(request("ping", ATTACKER_ID), node.address)
         if sent % 20 == 0:
             await asyncio.sleep(0.001)  # let the loop read: the socket buffer is smaller
     stats = await settled(node, extra)
@@ -537,11 +734,12 @@ async def test_oversized_values_are_refused(swarm: Swarm) -> None:
     Holds: a datagram past the size limit or a value past 8 KB is dropped, not stored."""
     node = await swarm.add()
     raw = await swarm.raw_peer()
-    too_big = seal(request("store", ATTACKER_ID, key_digest("a"), b"x" * 9000))
+    route = {"source": raw.address, "destination": node.address}
+    too_big = seal(request("store", ATTACKER_ID, key_digest("a"), b"x" * 9000), **route)
     assert len(too_big) > DATAGRAM_BYTES_MAX
-    fits_datagram = seal(request("store", ATTACKER_ID, key_digest("b"), b"x" * 8300))
+    fits_datagram = seal(request("store", ATTACKER_ID, key_digest("b"), b"x" * 8300), **route)
     assert len(fits_datagram) <= DATAGRAM_BYTES_MAX
-    largest = seal(request("store", ATTACKER_ID, key_digest("c"), b"x" * VALUE_BYTES_MAX))
+    largest = seal(request("store", ATTACKER_ID, key_digest("c"), b"x" * VALUE_BYTES_MAX), **route)
 
     for datagram in (too_big, fits_datagram, largest):
         raw.send(datagram, node.address)
@@ -559,7 +757,7 @@ async def test_the_store_keeps_at_most_values_max_evicting_the_oldest(swarm: Swa
     raw = await swarm.raw_peer()
     keys = [f"k{i}" for i in range(5)]
     for key in keys:
-        raw.send(seal(request("store", ATTACKER_ID, key_digest(key), key.encode())), node.address)
+        raw.send_sealed(request("store", ATTACKER_ID, key_digest(key), key.encode()), node.address)
         await settled(node, keys.index(key) + 1)  # in order: the oldest are k0, k1
     assert node.overlay.stats().values_stored == 3
     for key in keys[2:]:
@@ -597,20 +795,27 @@ def is_valid_store(method: str, arguments: list[Any]) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Unsealed:
+    """A payload the test seals as sent from its raw peer to the node under test."""
+
+    payload: bytes
+
+
 @st.composite
-def signed_messages(draw: st.DrawFn) -> bytes:
+def signed_messages(draw: st.DrawFn) -> Unsealed:
     method, arguments = draw(methods), draw(st.lists(msgpack_values, max_size=4))
     assume(not is_valid_store(method, arguments))
     kind = draw(st.sampled_from([b"\x00", b"\x01", b"\x02"]))
     body = umsgpack.packb(draw(st.sampled_from([[method, arguments], [method], arguments])))
-    return seal(kind + draw(st.binary(min_size=20, max_size=20)) + body)
+    return Unsealed(kind + draw(st.binary(min_size=20, max_size=20)) + body)
 
 
 datagrams = (
     st.binary(max_size=DATAGRAM_BYTES_MAX + 500)
-    | st.binary(max_size=600).map(seal)
+    | st.binary(max_size=600).map(Unsealed)
     | st.tuples(st.binary(min_size=20, max_size=20), st.binary(max_size=600)).map(
-        lambda parts: seal(b"\x00" + parts[0] + parts[1])
+        lambda parts: Unsealed(b"\x00" + parts[0] + parts[1])
     )
     | signed_messages()
 )
@@ -622,7 +827,9 @@ datagrams = (
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(datagram=datagrams)
-async def test_fuzzed_datagrams_never_crash_or_store(swarm: Swarm, datagram: bytes) -> None:
+async def test_fuzzed_datagrams_never_crash_or_store(
+    swarm: Swarm, datagram: bytes | Unsealed
+) -> None:
     """Arbitrary bytes and signed junk: each datagram is processed and counted once,
     the node keeps running and stores nothing."""
     if not swarm.members:
@@ -630,7 +837,10 @@ async def test_fuzzed_datagrams_never_crash_or_store(swarm: Swarm, datagram: byt
         await swarm.raw_peer()
     node, raw = swarm.members[0], swarm.raw_peers[0]
     before = accounted(node.overlay.stats())
-    raw.send(datagram, node.address)
+    if isinstance(datagram, Unsealed):
+        raw.send_sealed(datagram.payload, node.address)
+    else:
+        raw.send(datagram, node.address)
     stats = await settled(node, before + 1)
     assert stats.values_stored == 0
 
@@ -662,6 +872,6 @@ def test_settings_are_checked(secret: str, options: dict[str, Any]) -> None:
 
 
 def test_limits_leave_room_for_a_maximal_store() -> None:
-    framing = 32 + 8 + 21
+    framing = TAG_BYTES + ENVELOPE_BYTES + 21
     store = umsgpack.packb(["store", [b"i" * 20, b"k" * 20, b"v" * VALUE_BYTES_MAX]])
     assert framing + len(store) <= DATAGRAM_BYTES_MAX < 64 * 1024
