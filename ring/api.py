@@ -110,6 +110,7 @@ __all__ = [
     "parse_exists_answer",
     "parse_exists_request",
     "parse_flag",
+    "parse_hint",
     "parse_info",
     "parse_ascii_int",
     "parse_int",
@@ -194,6 +195,8 @@ REFS_ANSWER_MAX = 4 * 1024 * 1024
 REQUEST_BYTES_MAX = max(codec.STORED_BYTES_MAX, RECORD_BYTES_MAX + REFS_MAX * REF_BYTES)
 HEADER_LINE_BYTES_MAX = 8190
 HEADERS_MAX = 64
+# A hinted write's peer id, in bytes of UTF-8.
+HINT_BYTES_MAX = 128
 # Digits of an integer query parameter: anything longer is refused before ``int()``.
 INT_DIGITS_MAX = 18
 QUERY_INT_MAX = 10**INT_DIGITS_MAX - 1
@@ -342,6 +345,16 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ProtocolError("request body must be a JSON object")
     return parsed
+
+
+def parse_hint(raw: str | None) -> str | None:
+    """The peer id a hinted chunk write names (``?hint=PEER``): printable, at most
+    ``HINT_BYTES_MAX`` bytes of UTF-8 (it becomes part of a file name)."""
+    if raw is None:
+        return None
+    if not raw.isprintable() or not 0 < len(raw.encode()) <= HINT_BYTES_MAX:
+        raise ProtocolError(f"a hint is a peer id of 1 to {HINT_BYTES_MAX} printable bytes")
+    return raw
 
 
 # -- errors -----------------------------------------------------------------------------

@@ -306,7 +306,7 @@ class Peer:
 
     async def put_chunk(self, request: web.Request) -> web.Response:
         chunk_id = self._chunk_id(request)
-        hint = request.query.get("hint")
+        hint = api.parse_hint(request.query.get("hint"))
         stored = await request.read()
         created = await self.chunks.put(chunk_id, stored)
         if hint is not None and hint != self.config.peer_id:

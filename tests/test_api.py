@@ -347,3 +347,11 @@ def test_gossip_bodies_with_unbounded_numbers_are_protocol_errors(entry: bytes) 
 def test_error_answers_that_are_not_ours_never_raise() -> None:
     for body in (b"[" * 100_000, b'{"error": "x", "version": 1e400}', b'{"version": NaN}'):
         assert api.parse_error(body).version == 0
+
+
+def test_parse_hint_takes_a_printable_peer_id_that_fits_a_file_name() -> None:
+    assert api.parse_hint(None) is None
+    assert api.parse_hint("peer-1") == "peer-1"
+    for raw in ("", "\u20ac" * 43, "x" * 129, "a\x00b", "a\nb", "\udcff"):
+        with pytest.raises(ProtocolError):
+            api.parse_hint(raw)

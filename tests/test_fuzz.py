@@ -253,6 +253,12 @@ async def _known_cases(probe: HttpProbe, address: str, stored: Stored) -> None:
         answer = await probe.signed(address, "PUT", path, body=b"v")
         _check(answer, "PUT", path)
         assert answer.status == 400
+    chunk_id, chunk = codec.encode(b"hinted write")
+    for hint in ("%E2%82%AC" * 120, "%0A", "x" * 200):
+        path = f"/v1/chunks/{chunk_id}?hint={hint}"
+        answer = await probe.signed(address, "PUT", path, body=chunk)
+        _check(answer, "PUT", path)
+        assert answer.status == 400
     for timestamp in BAD_TIMESTAMPS:
         headers = probe.signer.headers("GET", "/v1/info", target=address)
         headers[api.HEADER_TIMESTAMP] = timestamp

@@ -641,3 +641,20 @@ async def test_every_5xx_answer_is_json_and_counted(tmp_path: Path) -> None:
             assert metric_value(metrics, FIVE_XX) == expected
     await node.data_transport.close()
     await node.control_transport.close()
+
+
+@pytest.mark.parametrize("hint", ["%E2%82%AC" * 120, "x" * 200, "%0A", "%00x"])
+async def test_a_hint_that_cannot_name_a_file_is_400_and_stores_nothing(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random, hint: str
+) -> None:
+    """Breaks: ``?hint=`` peer ids too long for a file name (in bytes of UTF-8) or not
+    printable; the long one once made the hint store fail with ENAMETOOLONG, a 500.
+    Must hold: 400, the chunk not stored, no 5xx."""
+    chunk_id, stored = _fresh_chunk(rng)
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        before = await _five_xx(probe, target)
+        path = f"/v1/chunks/{chunk_id}?hint={hint}"
+        answer = await probe.signed(target, "PUT", path, body=stored)
+        _assert_json_error(answer.status, answer.body, 400)
+        assert await _chunk_absent(probe, target, chunk_id)
+        assert await _five_xx(probe, target) == before
