@@ -37,6 +37,12 @@ Errors are JSON ``{"error": code, "message": text}`` (``error_body``/``parse_err
 with ``current_version`` on a 409 and ``version`` on a deleted record's 404. A record
 write's body is its envelope: the ids of the chunks it references (16 bytes each, their
 count in ``refs=K``) followed by the value.
+
+Every number taken from the wire is ASCII digits with an explicit maximum
+(``parse_ascii_int``; record versions at most ``VERSION_MAX``), and every JSON body or
+answer is read with ``load_json``: bounded in size and nesting before it is parsed, with
+numbers of bounded length and no NaN or Infinity. Malformed input is a ``ProtocolError``
+(a 400), never an error the peer does not expect.
 """
 
 from __future__ import annotations
