@@ -3,9 +3,11 @@ read blobs back verified end to end.
 
 A chunk goes to the first R reachable peers of its preference list (a peer that cannot
 be reached is replaced by the next one, which keeps a hint for it) and is stored once W
-acknowledge. A read walks the same list, live peers first, until a replica gives a copy
-that verifies (``ring.replicas``). At most ``transfers_max`` chunks are in flight per
-call.
+acknowledge: the write returns then, after a short grace for the others, and lanes still
+running finish in the background (``RingTracker.fan_out``). A read walks the same list,
+live peers first, until a replica gives a copy that verifies (``ring.replicas``); a
+replica silent past the hedge delay does not hold it, the next one is asked too. At most
+``transfers_max`` chunks are in flight per call.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import xxhash
 from ring import api, codec
 from ring.blobs import BlobRef, ChunkPlan, Extent, plan_chunks
 from ring.client.options import ClientOptions, Progress, Source, file_source
-from ring.client.view import RingTracker, added_members
+from ring.client.view import Early, LatencyWindow, RingTracker, added_members
 from ring.errors import ChunkCorrupt, DataUnavailable, QuorumError
 from ring.placement import Member
-from ring.replicas import read_from_replicas
+from ring.replicas import Hedge, read_from_replicas
 from ring.transport import Transport
 
 __all__ = ["ChunkIO", "first_error"]
@@ -46,6 +48,10 @@ class ChunkIO:
         self._transport = transport
         self._view = view
         self.options = options
+        # How long recent chunk reads and writes took: the hedge delay of reads, the
+        # grace that a write's slower replicas get once W acknowledged.
+        self.read_latency = LatencyWindow()
+        self.write_latency = LatencyWindow()
 
     # -- one chunk ----------------------------------------------------------------------
 
@@ -58,13 +64,21 @@ class ChunkIO:
     async def store_raw_chunk(self, raw: bytes) -> str:
         chunk_id, stored = await asyncio.to_thread(codec.encode, raw)
         view = await self._view.ring()
-        answers, causes = await self._view.fan_out(
+        quorum = view.write_quorum
+        result = await self._view.fan_out(
             view.ring.candidates(chunk_id, view.replication),
             view.replication,
             lambda member, hint: self._put_chunk_to(member, chunk_id, stored, hint),
+            early=Early(
+                lambda answers, _running: len(answers) >= quorum,
+                grace_s=self.write_latency.delay_s(),
+                background=True,
+            ),
+            attempt_s=self.options.write_attempt_s,
+            latency=self.write_latency,
         )
-        if len(answers) < view.write_quorum:
-            raise QuorumError(f"chunk {chunk_id}", len(answers), view.write_quorum, causes)
+        if len(result.answers) < quorum:
+            raise QuorumError(f"chunk {chunk_id}", len(result.answers), quorum, result.causes)
         return chunk_id
 
     async def _read_walk(
@@ -77,6 +91,13 @@ class ChunkIO:
             check="raw",
             time_limit_s=self._view.probe_limit_s,
             on_unreachable=self._view.mark_down,
+            hedge=Hedge(
+                self.read_latency.delay_s(),
+                self.options.read_hedges_max,
+                self._view.clock,
+                on_answer=lambda _member, seconds: self.read_latency.add(seconds),
+                on_outpaced=self._view.note_slow,
+            ),
         )
         return read.data, read.causes
 

@@ -43,6 +43,24 @@ class ClientOptions:
     ring_refresh_s: float = 5.0
     # How long a peer believed down gets to answer when it must be asked anyway.
     down_probe_s: float = 2.0
+    # A peer that has not acknowledged one write attempt within this is treated as
+    # unreachable for it: the lane moves on to a stand-in, which keeps a hint. Calls
+    # return once W acknowledged; this bounds the lanes that go on in the background.
+    write_attempt_s: float = 5.0
+    # The same for one record read: a replica silent this long is treated as
+    # unreachable and a stand-in asked instead (reads return sooner once enough
+    # replicas agreed; this bounds those that cannot, such as a frozen peer while
+    # another is believed down).
+    read_attempt_s: float = 2.0
+    # Write lanes still running after their call returned (W acknowledged), per client;
+    # past this, more are cancelled and repair restores those copies.
+    background_lanes_max: int = 256
+    # How long ``close`` waits for the write lanes in the background before it cancels
+    # them.
+    close_wait_s: float = 10.0
+    # Extra requests in flight per chunk read, to replicas asked because the first was
+    # silent past the hedge delay (``ring.client.view.LatencyWindow``).
+    read_hedges_max: int = 1
 
 
 @dataclass(frozen=True, slots=True)

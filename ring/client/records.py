@@ -1,5 +1,14 @@
 """The client's records: small versioned values with compare-and-set on the key's R
-preferred peers, read back from the first R reachable replicas (newest version wins)."""
+preferred peers, read back from the first R reachable replicas (newest version wins).
+
+Neither waits for a silent replica. A compare-and-set returns once W replicas
+acknowledged (or so many refused that W cannot be reached); the others finish in the
+background. A read returns once R - W + 1 of the preferred replicas answered and agree on
+the newest value, after a short grace for the others: every acknowledged write is on W
+of the R, so any R - W + 1 of them include one that holds it. When the answers disagree
+at the newest version (concurrent writers), the read waits for every replica, so that
+the value most replicas hold, the one that won, is what it returns.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +18,12 @@ import xxhash
 
 from ring import api
 from ring.client.options import RecordValue
-from ring.client.view import RingTracker, added_members
+from ring.client.view import Early, LatencyWindow, RingTracker, added_members
 from ring.errors import DataUnavailable, PeerRejected, QuorumError, RecordConflict
 from ring.placement import Member
 from ring.transport import Transport
 
-__all__ = ["RecordIO", "newest"]
+__all__ = ["RecordIO", "agreed", "newest"]
 
 # A record answer's body: the value, at most RECORD_BYTES_MAX, and its envelope's refs.
 RECORD_ANSWER_BYTES_MAX = 2 * api.RECORD_BYTES_MAX
@@ -26,6 +35,10 @@ class RecordIO:
     def __init__(self, transport: Transport, view: RingTracker) -> None:
         self._transport = transport
         self._view = view
+        # How long recent record reads and writes took: the grace that the slower
+        # replicas get once enough answered.
+        self.read_latency = LatencyWindow()
+        self.write_latency = LatencyWindow()
 
     async def _get_record_from(
         self, member: Member, key: str, _hint: Member | None = None
@@ -56,20 +69,36 @@ class RecordIO:
         def read(member: Member, hint: Member | None) -> Awaitable[RecordValue | None]:
             return self._get_record_from(member, key, hint)
 
-        answers, causes = await self._view.fan_out(
-            view.ring.candidates(key, view.replication), view.replication, read
+        candidates = view.ring.candidates(key, view.replication)
+        preferred = {member.peer_id for member in candidates[: view.replication]}
+        quorum = view.replication - view.write_quorum + 1
+
+        def enough(answers: Sequence[tuple[Member, RecordValue | None]], _running: int) -> bool:
+            values = [value for member, value in answers if member.peer_id in preferred]
+            return len(values) >= quorum and agreed(values)
+
+        result = await self._view.fan_out(
+            candidates,
+            view.replication,
+            read,
+            early=Early(enough, grace_s=self.read_latency.delay_s(), background=False),
+            attempt_s=self._view.options.read_attempt_s,
+            latency=self.read_latency,
         )
-        if len(answers) < view.replication and all(value is None for _m, value in answers):
+        answers, causes = result.answers, result.causes
+        if len(answers) + result.unfinished < view.replication and all(
+            value is None for _m, value in answers
+        ):
             # Fewer than R peers of the view could answer and none had it: the view may
             # be a part of the ring (``wider_ring``); ask the members a wider one adds.
             wider = await self._view.wider_ring(view)
             if wider is not None:
                 others = added_members(view, wider, key)
-                more, more_causes = await self._view.fan_out(
+                more = await self._view.fan_out(
                     others, min(wider.replication - len(answers), len(others)), read
                 )
-                answers += more
-                causes += more_causes
+                answers += more.answers
+                causes += more.causes
         if not answers:
             raise DataUnavailable([key], causes)
         found = newest([value for _member, value in answers if value is not None])
@@ -118,19 +147,28 @@ class RecordIO:
         """Run ``write`` (its answer: the stored version, -1 for a conflict) on the key's
         preferred peers; ``expected_version + 1`` once W acknowledged."""
         view = await self._view.ring()
-        answers, causes = await self._view.fan_out(
+        quorum = view.write_quorum
+
+        def settled(answers: Sequence[tuple[Member, int]], running: int) -> bool:
+            acks = sum(1 for _member, version in answers if version >= 0)
+            return acks >= quorum or acks + running < quorum
+
+        result = await self._view.fan_out(
             view.ring.candidates(key, view.replication),
             view.replication,
             lambda member, _hint: write(member),
             strict=True,
+            early=Early(settled, grace_s=self.write_latency.delay_s(), background=True),
+            attempt_s=self._view.options.write_attempt_s,
+            latency=self.write_latency,
         )
-        acks = sum(1 for _member, version in answers if version >= 0)
-        if acks >= view.write_quorum:
+        acks = sum(1 for _member, version in result.answers if version >= 0)
+        if acks >= quorum:
             return expected_version + 1
-        if any(version < 0 for _member, version in answers):
+        if any(version < 0 for _member, version in result.answers):
             current = await self.get_record(key, include_deleted=True)
             raise RecordConflict(key, expected_version, current.version if current else 0)
-        raise QuorumError(f"record {key!r}", acks, view.write_quorum, causes)
+        raise QuorumError(f"record {key!r}", acks, quorum, result.causes)
 
     async def _delete_record_at(self, member: Member, key: str, expected_version: int) -> int:
         try:
@@ -164,14 +202,24 @@ class RecordIO:
             answer = await self._transport.request(member.address, api.RECORDS_LIST.method, path)
             return api.parse_records_list(answer.json())
 
-        answers, _causes = await self._view.fan_out(view.ring.members, len(view.ring), one)
+        result = await self._view.fan_out(view.ring.members, len(view.ring), one)
         found: dict[str, tuple[int, bool]] = {}
-        for _member, entries in answers:
+        for _member, entries in result.answers:
             for key, version, deleted in entries:
                 seen = (version, deleted)
                 found[key] = max(found.get(key, seen), seen)
         live = {key: version for key, (version, deleted) in found.items() if not deleted}
         return dict(sorted(live.items())[:limit])
+
+
+def agreed(values: Sequence[RecordValue | None]) -> bool:
+    """Whether the replicas that hold the newest version among ``values`` hold one value
+    (or none holds the record)."""
+    present = [value for value in values if value is not None]
+    if not present:
+        return True
+    top = max(value.version for value in present)
+    return len({(v.value, v.deleted) for v in present if v.version == top}) == 1
 
 
 def newest(values: Sequence[RecordValue]) -> RecordValue | None:

@@ -6,15 +6,25 @@ The member table comes from any reachable seed (``GET /v1/ring``) and is cached 
 One peer's table can be partial (a peer that joined moments ago has not heard of every
 member yet), so after a miss ``wider_ring`` unions the tables that every known peer
 serves.
+
+A frozen peer (gray failure: it accepts connections but never answers) must not hold a
+call for the transport's read timeout. ``fan_out`` may return early: a write once W
+replicas acknowledged, a read once enough replicas answered, each after a short grace
+for the others, measured (``LatencyWindow``: the p95 of recent answers, clamped). Write
+lanes still running then finish in the background, at most ``background_lanes_max`` of
+them, each attempt bounded by ``write_attempt_s`` (then a stand-in with a hint takes
+over), and ``aclose`` awaits them; read lanes still running are cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from ring import api
 from ring.client.options import ClientOptions
@@ -22,7 +32,17 @@ from ring.errors import ConfigError, PeerError, PeerUnavailable, ProtocolError
 from ring.placement import Member, Ring
 from ring.transport import Transport
 
-__all__ = ["RingTracker", "RingView", "added_members", "parse_seeds", "union_views"]
+__all__ = [
+    "Early",
+    "FanOut",
+    "LatencyWindow",
+    "RingTracker",
+    "RingView",
+    "added_members",
+    "hedge_delay_s",
+    "parse_seeds",
+    "union_views",
+]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -32,6 +52,19 @@ STATUS_TIMEOUT_S = 3.0
 # interval, at most this many peers asked at once, each within STATUS_TIMEOUT_S.
 WIDEN_INTERVAL_S = 1.0
 WIDEN_CONCURRENCY = 16
+# Fetching the member table: at most this many peers asked at once, the next one asked
+# when those were silent past the hedge delay of recent fetches.
+RING_ASKS_MAX = 3
+# Hedging and stragglers (``LatencyWindow``): the quantile of recent answer latencies
+# after which a request still waiting is hedged, and its bounds. The floor keeps normal
+# jitter from doubling the load; the ceiling bounds what a frozen peer costs a call.
+HEDGE_QUANTILE = 0.95
+HEDGE_DELAY_S_MIN = 0.005
+HEDGE_DELAY_S_MAX = 1.0
+HEDGE_DELAY_S_UNMEASURED = 0.25
+LATENCY_SAMPLES_MAX = 256
+LATENCY_SAMPLES_MIN = 16
+LATENCY_RECOMPUTE_EVERY = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +128,13 @@ class RingTracker:
         self._clock = clock
         self._view: RingView | None = None
         self._down_until: dict[str, float] = {}
+        self._slow_until: dict[str, float] = {}
+        # Addresses that did not give their member table lately (``ring``).
+        self._silent_until: dict[str, float] = {}
+        self.ring_latency = LatencyWindow()
+        # Write lanes still running after their call returned (``fan_out``).
+        self._background: set[asyncio.Task[None]] = set()
+        self.background_dropped = 0
         self._widening = asyncio.Lock()
         self._widened_at = float("-inf")
 
@@ -112,13 +152,67 @@ class RingTracker:
             return view
         known = [member.address for member in view.ring.members] if view is not None else []
         causes: list[str] = []
-        for address in dict.fromkeys([*self.seeds, *known]):
-            try:
-                self._view = await self._ring_from(address)
-                return self._view
-            except PeerError as exc:
-                causes.append(str(exc))
-        raise PeerUnavailable(",".join(self.seeds), "no peer answered: " + "; ".join(causes))
+        fetched = await self._first_ring(self._fetch_order([*self.seeds, *known]), causes)
+        if fetched is None:
+            raise PeerUnavailable(",".join(self.seeds), "no peer answered: " + "; ".join(causes))
+        self._view = fetched
+        return fetched
+
+    def _fetch_order(self, addresses: Sequence[str]) -> list[str]:
+        """``addresses`` once each, in order, those of peers believed down or silent
+        lately last."""
+        view = self._view
+        members = view.ring.members if view is not None else []
+        doubtful = {m.address for m in members if self.is_down(m) or self.is_slow(m)}
+        now = self._clock()
+        return sorted(
+            dict.fromkeys(addresses),
+            key=lambda a: a in doubtful or self._silent_until.get(a, 0.0) > now,
+        )
+
+    async def _first_ring(self, addresses: Sequence[str], causes: list[str]) -> RingView | None:
+        """The member table of the first of ``addresses`` that answers. One silent past
+        the ring's hedge delay does not hold the others: the next is asked too, at most
+        ``RING_ASKS_MAX`` at once, each within ``STATUS_TIMEOUT_S``."""
+        walk = iter(addresses)
+        running: dict[asyncio.Task[RingView], tuple[str, float]] = {}
+
+        async def ask(address: str) -> RingView:
+            async with asyncio.timeout(STATUS_TIMEOUT_S):
+                return await self._ring_from(address)
+
+        def launch() -> bool:
+            address = next(walk, None)
+            if address is not None:
+                running[asyncio.create_task(ask(address))] = (address, self._clock())
+            return address is not None
+
+        exhausted = not launch()
+        try:
+            while running:
+                may_hedge = not exhausted and len(running) < RING_ASKS_MAX
+                delay_s = self.ring_latency.delay_s() if may_hedge else None
+                done, _ = await asyncio.wait(
+                    running, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    exhausted = not launch()
+                for task in done:
+                    address, started = running.pop(task)
+                    try:
+                        answer = task.result()
+                    except (PeerError, TimeoutError) as exc:
+                        causes.append(f"{address}: {exc!r}")
+                        self._silent_until[address] = self._clock() + self.options.down_retry_s
+                        exhausted = exhausted or not launch()
+                        continue
+                    self.ring_latency.add(self._clock() - started)
+                    for other, _started in running.values():
+                        self._silent_until[other] = self._clock() + self.options.down_retry_s
+                    return answer
+            return None
+        finally:
+            await _cancel_all(running)
 
     async def wider_ring(self, seen: RingView) -> RingView | None:
         """After data was on no member of ``seen``: the union of the member tables that
@@ -189,13 +283,28 @@ class RingTracker:
         view = self._view
         return view is not None and view.states.get(member.peer_id) == "down"
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
     def live_first(self, members: Sequence[Member]) -> list[Member]:
-        return [m for m in members if not self.is_down(m)] + [m for m in members if self.is_down(m)]
+        """``members`` in order, those outpaced lately after the others and those believed
+        down last."""
+        return sorted(members, key=lambda m: 2 if self.is_down(m) else int(self.is_slow(m)))
 
     def probe_limit_s(self, member: Member) -> float | None:
         """How long ``member`` gets to answer: briefly if it is believed down (it may have
         come back, or it may be frozen and never answer), else the transport's timeouts."""
         return self.options.down_probe_s if self.is_down(member) else None
+
+    def note_slow(self, member: Member) -> None:
+        """``member`` was outpaced: a hedge to another replica answered first while it
+        stayed silent. Reads ask it after the others for ``down_retry_s``; writes still
+        use it (slow is not down)."""
+        self._slow_until[member.peer_id] = self._clock() + self.options.down_retry_s
+
+    def is_slow(self, member: Member) -> bool:
+        return self._slow_until.get(member.peer_id, 0.0) > self._clock()
 
     # -- fan-out ------------------------------------------------------------------------
 
@@ -206,19 +315,26 @@ class RingTracker:
         op: Callable[[Member, Member | None], Awaitable[T]],
         *,
         strict: bool = False,
-    ) -> tuple[list[tuple[Member, T]], list[str]]:
+        early: Early[T] | None = None,
+        attempt_s: float | None = None,
+        latency: LatencyWindow | None = None,
+    ) -> FanOut[T]:
         """Run ``op`` on the first ``count`` candidates at once. A lane whose peer is
-        known down, or fails (PeerError), moves on to the next unused candidate, live ones
-        first, and passes ``op`` the peer it stands in for (writes leave a hint for it).
-        With ``strict``, only the preferred peers are asked, each whatever the client
-        believes of it. Returns the answers and the failures."""
+        known down, or fails (PeerError), or does not answer within ``attempt_s``, moves
+        on to the next unused candidate, live ones first, and passes ``op`` the peer it
+        stands in for (writes leave a hint for it). With ``strict``, only the preferred
+        peers are asked, each whatever the client believes of it.
+
+        Without ``early``, every lane is awaited. With it, the fan-out returns once
+        ``early.enough`` holds and the lanes still running have had ``early.grace_s``:
+        those are then handed to the background (``early.background``, writes) or
+        cancelled (reads). ``latency`` hears how long each answer took."""
         preferred = list(candidates[:count])
         last_resort = [member for member in preferred if self.is_down(member)]
         spares = iter(self.live_first(candidates[count:]) + last_resort)
         if strict:
             last_resort, spares = [], iter(())
-        answers: list[tuple[Member, T]] = []
-        causes: list[str] = []
+        result: FanOut[T] = FanOut()
 
         async def lane(original: Member) -> None:
             member: Member | None = original
@@ -226,21 +342,153 @@ class RingTracker:
                 member = next(spares, None)
             while member is not None:
                 limit_s = self.probe_limit_s(member)
+                limit_s = attempt_s if limit_s is None else limit_s
                 try:
                     stand_in_for = None if member is original else original
+                    started = self._clock()
                     async with asyncio.timeout(limit_s):
-                        answers.append((member, await op(member, stand_in_for)))
+                        answer = await op(member, stand_in_for)
+                    if latency is not None:
+                        latency.add(self._clock() - started)
+                    result.answers.append((member, answer))
                     return
                 except TimeoutError:
-                    causes.append(f"{member.address}: no answer within {limit_s} s")
+                    result.causes.append(f"{member.address}: no answer within {limit_s} s")
                     self.mark_down(member)
                 except PeerError as exc:
-                    causes.append(str(exc))
+                    result.causes.append(str(exc))
                     if isinstance(exc, PeerUnavailable):
                         self.mark_down(member)
                 member = next(spares, None)
 
-        async with asyncio.TaskGroup() as group:
-            for member in preferred:
-                group.create_task(lane(member))
-        return answers, causes
+        lanes = [asyncio.create_task(lane(member)) for member in preferred]
+        try:
+            running = await self._await_lanes(lanes, result, early)
+        except BaseException:
+            await _cancel_all(lanes)
+            raise
+        result.unfinished = len(running)
+        if running and early is not None and early.background:
+            await self._to_background(running)
+        else:
+            await _cancel_all(running)
+        return result
+
+    async def _await_lanes(
+        self, lanes: list[asyncio.Task[None]], result: FanOut[T], early: Early[T] | None
+    ) -> set[asyncio.Task[None]]:
+        """Wait until every lane ended, or ``early`` says the answers are enough and the
+        grace has passed; the lanes still running. A lane's unexpected error is raised."""
+        running = set(lanes)
+        while running:
+            if early is not None and early.enough(result.answers, len(running)):
+                if early.grace_s > 0:
+                    done, running = await asyncio.wait(running, timeout=early.grace_s)
+                    _raise_unexpected(done)
+                break
+            done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            _raise_unexpected(done)
+        return running
+
+    async def _to_background(self, lanes: set[asyncio.Task[None]]) -> None:
+        """Keep write lanes running after their call returned, tracked and bounded: past
+        ``background_lanes_max`` they are cancelled, leaving the copy to repair."""
+        room = max(0, self.options.background_lanes_max - len(self._background))
+        kept = list(lanes)[:room]
+        dropped = list(lanes)[room:]
+        for task in kept:
+            self._background.add(task)
+            task.add_done_callback(self._background_done)
+        if dropped:
+            self.background_dropped += len(dropped)
+            log.info("%d write lanes dropped: %d already in the background; repair restores "
+                     "the copies", len(dropped), len(self._background))  # fmt: skip
+            await _cancel_all(dropped)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("a write lane in the background failed: %r", error)
+
+    def background_lanes(self) -> int:
+        """Write lanes still running after their call returned."""
+        return len(self._background)
+
+    async def aclose(self) -> None:
+        """Let the write lanes still in the background finish (each attempt is bounded by
+        ``write_attempt_s``), at most ``close_wait_s``; cancel the rest."""
+        lanes = set(self._background)
+        if lanes:
+            _done, running = await asyncio.wait(lanes, timeout=self.options.close_wait_s)
+            if running:
+                log.info("closing: %d write lanes cancelled; repair restores the copies",
+                         len(running))  # fmt: skip
+            await _cancel_all(running)
+
+
+@dataclass(slots=True)
+class FanOut(Generic[T]):
+    """What a fan-out gathered: the answers (who gave each), why peers failed, and how
+    many lanes were still running when it returned."""
+
+    answers: list[tuple[Member, T]] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    unfinished: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Early(Generic[T]):
+    """When a fan-out may return before every lane ended: once ``enough(answers,
+    lanes_running)`` holds, lanes still running get ``grace_s`` more, then go to the
+    background (``background``: writes, bounded and awaited on close) or are cancelled."""
+
+    enough: Callable[[Sequence[tuple[Member, T]], int], bool]
+    grace_s: float
+    background: bool
+
+
+class LatencyWindow:
+    """The latencies of recent answers of one kind, and the delay after which a request
+    still waiting is hedged (or its stragglers given up on): their ``HEDGE_QUANTILE``,
+    clamped to [``HEDGE_DELAY_S_MIN``, ``HEDGE_DELAY_S_MAX``]; ``HEDGE_DELAY_S_UNMEASURED``
+    until ``LATENCY_SAMPLES_MIN`` answers were seen."""
+
+    def __init__(self) -> None:
+        self._samples: deque[float] = deque(maxlen=LATENCY_SAMPLES_MAX)
+        self._delay_s = HEDGE_DELAY_S_UNMEASURED
+        self._added = 0
+
+    def add(self, seconds: float) -> None:
+        self._samples.append(seconds)
+        self._added += 1
+        # Sorting 256 floats per answer would cost more than the answers it hedges.
+        if len(self._samples) >= LATENCY_SAMPLES_MIN and (
+            self._added % LATENCY_RECOMPUTE_EVERY == 0 or len(self._samples) == LATENCY_SAMPLES_MIN
+        ):
+            self._delay_s = hedge_delay_s(list(self._samples))
+
+    def delay_s(self) -> float:
+        return self._delay_s
+
+
+def hedge_delay_s(samples: Sequence[float]) -> float:
+    """The ``HEDGE_QUANTILE`` of ``samples`` (nearest rank), clamped."""
+    ordered = sorted(samples)
+    rank = max(0, math.ceil(HEDGE_QUANTILE * len(ordered)) - 1)
+    return min(HEDGE_DELAY_S_MAX, max(HEDGE_DELAY_S_MIN, ordered[rank]))
+
+
+def _raise_unexpected(done: set[asyncio.Task[None]]) -> None:
+    """Lanes handle peer failures; anything else (a bug, bad credentials) is raised."""
+    errors = [task.exception() for task in done if not task.cancelled()]
+    for error in errors:
+        if error is not None:
+            raise error
+
+
+async def _cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until they ended (their errors are collected)."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,187 @@
+"""Gray failure: put and get latencies of named files with one peer frozen (SIGSTOP).
+
+A frozen peer still accepts connections (the kernel completes the handshake) but never
+answers, so a client learns of it only from its own timeouts or from the ring's failure
+detector. One run, on one machine, with real peer processes (a fresh local cluster of
+``--peers``, R=3, W=2, the peers' default failure timeout):
+
+1. healthy: ``--ops`` times, put a ``--size`` file under a new key (``put_bytes``: chunks
+   on W..R replicas, then the record naming them) and get it back (``get_bytes``),
+   ``--concurrency`` at a time; each operation timed on the monotonic clock;
+2. frozen: SIGSTOP one peer (seeded choice), then the same number of puts of new keys,
+   each followed by a get of a file stored in step 1 (a third of them on the frozen
+   peer's replicas), with the same client, whose view still has the peer up;
+3. SIGCONT the peer (always, in ``finally``).
+
+Every get is checked byte for byte. Reported for each phase and operation: p50, p99 and
+max in milliseconds, and the ratio of the frozen p99 to the healthy p99. Writes
+``benchmarks/results/gray.json``; ``--baseline`` copies the figures of an earlier run
+(another version of the client, measured the same way) into it for comparison. Run from
+the repository root:
+
+    python benchmarks/bench_gray.py [--ops 200] [--size 64KiB] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ring.client import Client
+from ring.config import parse_size
+from sr3.local import LocalCluster
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gray.json"
+# One operation that takes longer than this is a failure of the benchmark, not a sample.
+OP_S_MAX = 120.0
+OPS_MAX = 10_000
+CONCURRENCY_MAX = 64
+FAILURE_TIMEOUT_S = 5.0  # the peers' --failure-timeout default
+PEER_FLAGS = ["--scrub-rate", "0", "--repair-interval", "3600"]
+
+
+def quantile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile: the smallest sample at or above a ``q`` share of them."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summary(samples: Sequence[float]) -> dict[str, float]:
+    return {
+        "count": len(samples),
+        "p50_ms": round(quantile(samples, 0.50) * 1000, 2),
+        "p99_ms": round(quantile(samples, 0.99) * 1000, 2),
+        "max_ms": round(max(samples) * 1000, 2),
+    }
+
+
+async def _timed(samples: list[float], op: Callable[[], Awaitable[object]]) -> object:
+    started = time.monotonic()
+    async with asyncio.timeout(OP_S_MAX):
+        result = await op()
+    samples.append(time.monotonic() - started)
+    return result
+
+
+async def _phase(
+    client: Client, blobs: dict[str, bytes], put_keys: list[str], get_keys: list[str], width: int
+) -> tuple[list[float], list[float]]:
+    """Put ``put_keys`` and get ``get_keys`` (pairwise, one after the other), ``width``
+    pairs at a time; the put and get latencies."""
+    puts: list[float] = []
+    gets: list[float] = []
+    slots = asyncio.Semaphore(width)
+
+    async def pair(put_key: str, get_key: str) -> None:
+        async with slots:
+            await _timed(puts, lambda: client.put_bytes(blobs[put_key], put_key))
+            data = await _timed(gets, lambda: client.get_bytes(get_key))
+            if data != blobs[get_key]:
+                raise SystemExit(f"get of {get_key} returned other bytes")
+
+    async with asyncio.TaskGroup() as group:
+        for put_key, get_key in zip(put_keys, get_keys, strict=True):
+            group.create_task(pair(put_key, get_key))
+    return puts, gets
+
+
+async def measure(
+    cluster: LocalCluster, ops: int, size: int, width: int, seed: int
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    healthy_keys = [f"bench/gray/healthy-{index}" for index in range(ops)]
+    frozen_keys = [f"bench/gray/frozen-{index}" for index in range(ops)]
+    blobs = {key: rng.randbytes(size) for key in [*healthy_keys, *frozen_keys]}
+    victim = rng.choice([peer.peer_id for peer in cluster.cluster.peers])
+    async with Client(cluster.ring, cluster.secret) as client:
+        healthy = await _phase(client, blobs, healthy_keys, healthy_keys, width)
+        cluster.signal(victim, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            frozen = await _phase(client, blobs, frozen_keys, healthy_keys, width)
+        finally:
+            cluster.signal(victim, signal.SIGCONT)
+        frozen_s = time.monotonic() - frozen_at
+        aclose = getattr(client.view, "aclose", None)  # write lanes still in the background
+        if aclose is not None:
+            await aclose()
+    figures: dict[str, Any] = {"frozen_peer": victim, "frozen_phase_s": round(frozen_s, 2)}
+    for name, (puts, gets) in (("healthy", healthy), ("frozen", frozen)):
+        figures[name] = {"put": summary(puts), "get": summary(gets)}
+    for op in ("put", "get"):
+        ratio = figures["frozen"][op]["p99_ms"] / max(figures["healthy"][op]["p99_ms"], 1e-9)
+        figures[f"{op}_p99_ratio_frozen_to_healthy"] = round(ratio, 2)
+        figures[f"{op}_max_within_failure_timeout"] = (
+            figures["frozen"][op]["max_ms"] <= FAILURE_TIMEOUT_S * 1000
+        )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=200)
+    parser.add_argument("--size", default="64KiB")
+    parser.add_argument("--peers", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--label", default="", help="what code was measured (e.g. before)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--baseline", type=Path, help="an earlier run's JSON to include")
+    args = parser.parse_args()
+    if not 1 <= args.ops <= OPS_MAX or not 1 <= args.concurrency <= CONCURRENCY_MAX:
+        raise SystemExit(f"--ops must be in 1..{OPS_MAX}, --concurrency in 1..{CONCURRENCY_MAX}")
+    size = parse_size(args.size)
+    with tempfile.TemporaryDirectory(prefix="sr3-bench-gray-") as work_name:
+        work = Path(work_name)
+        cluster = LocalCluster.create(
+            work / "cluster", args.peers, cluster_file=work / "cluster.json",
+            base_port=7950, peer_flags=[*PEER_FLAGS, "--seed", str(args.seed)],
+        )  # fmt: skip
+        cluster.up()
+        try:
+            figures = asyncio.run(measure(cluster, args.ops, size, args.concurrency, args.seed))
+        finally:
+            cluster.down(purge=True)
+    result = {
+        "benchmark": "gray",
+        "label": args.label,
+        "ops": args.ops,
+        "size_bytes": size,
+        "peers": args.peers,
+        "replication": 3,
+        "write_quorum": 2,
+        "concurrency": args.concurrency,
+        "failure_timeout_s": FAILURE_TIMEOUT_S,
+        "seed": args.seed,
+        "peer_flags": PEER_FLAGS,
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+        **figures,
+    }
+    if args.baseline is not None:
+        earlier = json.loads(args.baseline.read_text())
+        result["baseline"] = {
+            key: earlier[key]
+            for key in ("label", "frozen_peer", "frozen_phase_s", "healthy", "frozen")
+            if key in earlier
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
