@@ -276,7 +276,9 @@ class Node:
     async def start_overlay(self) -> None:
         if self.overlay is None:
             return
-        await self.overlay.start(self.config.host, self.config.port)
+        # Datagrams sign the address other peers reach this one at (the advertised one,
+        # when the peer binds 0.0.0.0 in a container).
+        await self.overlay.start(self.config.host, self.config.port, advertise=self.config.address)
 
     async def run(self) -> None:
         """The background loops, until cancelled (or until the peer has left)."""

@@ -113,3 +113,46 @@ def _wait_healthy(address: str) -> None:
             pass
         time.sleep(0.1)
     pytest.fail(f"peer at {address} never became ready")
+
+
+def test_a_peer_bound_to_every_address_runs_its_overlay_at_the_advertised_one(
+    tmp_path: Path,
+) -> None:
+    """Compose peers listen on 0.0.0.0 and advertise their service name; overlay
+    datagrams sign the advertised address, so the overlay must start with it."""
+    port = pick_port(["127.0.0.1"], 7900)
+    env = {
+        "SR3_PEER_ID": "peer-any",
+        "SR3_LISTEN": f"0.0.0.0:{port}",
+        "SR3_ADVERTISE": f"127.0.0.1:{port}",
+        "SR3_DATA": str(tmp_path / "data"),
+        "SR3_SECRET": "compose-test-secret-0123456789",
+    }
+    log = open(tmp_path / "peer.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sr3", *_entrypoint()[1:]],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=log,
+    )
+    log.close()
+    try:
+        _wait_healthy(f"127.0.0.1:{port}")
+
+        async def info() -> dict[str, Any]:
+            async with Client(f"127.0.0.1:{port}", env["SR3_SECRET"]) as client:
+                await client.ring()
+                entry = (await client.members())[0]
+                assert entry["address"] == f"127.0.0.1:{port}"
+                status = await client.status()
+                assert status.peers[0].state == "up"
+                return entry
+
+        import asyncio
+
+        asyncio.run(info())
+        assert process.poll() is None, (tmp_path / "peer.log").read_text()
+        assert "Traceback" not in (tmp_path / "peer.log").read_text()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=15) == 0, (tmp_path / "peer.log").read_text()
