@@ -432,7 +432,6 @@ def build_app(node: Node, extensions: Sequence[AppExtension] = ()) -> web.Applic
     """The HTTP application of an opened ``Node``, with the routes ``extensions`` add."""
     peer = Peer(node)
     app = web.Application(middlewares=[peer.guard], client_max_size=api.REQUEST_BYTES_MAX)
-    app["peer"] = peer
     routes: dict[Route, Handler] = {
         api.HEALTH: peer.health,
         api.INFO: peer.info,

@@ -605,7 +605,6 @@ async def test_record_versions_are_bounded_and_a_key_stays_writable(
 
 
 # build_app keeps the Peer under a plain string key, which aiohttp warns about.
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 async def test_every_5xx_answer_is_json_and_counted(tmp_path: Path) -> None:
     """An in-process peer with one extra route that fails unexpectedly (a bug stands in
     for whatever input might still reach one). Must hold: a JSON 500, counted in
