@@ -8,13 +8,16 @@
     sr3 status [--json]             peers, state, ownership, stored bytes, chunks
     sr3 put FILE [--key NAME]       store a file; prints the key
     sr3 get KEY -o FILE             read it back, verified
+    sr3 ls [PREFIX]                 the named files: key, size, version
+    sr3 rm KEY...                   delete named files
     sr3 token metrics               the bearer token Prometheus scrapes /metrics with
     sr3 spark list|restore|forget   Spark queries' state on the ring
     sr3 drill                       rehearse a multi-failure recovery
     sr3 demo                        the end-to-end demonstration on a local cluster
 
 Ring and secret come from --ring/--secret-file, then SR3_RING/SR3_SECRET, then the
-cluster file written by ``sr3 cluster up``.
+cluster file written by ``sr3 cluster up``. Every command fails the same way
+(``sr3.cli._shared.fail_cleanly``): one ``sr3: <what>`` line on stderr and exit code 1.
 
 Each command group lives in its own module and is imported when the command is looked
 up, so a peer started as ``python -m sr3 peer`` loads neither the client nor the local
@@ -37,8 +40,10 @@ _COMMANDS = {
     "demo": "sr3.cli.demo:demo",
     "drill": "sr3.cli.drill:drill",
     "get": "sr3.cli.data:get",
+    "ls": "sr3.cli.data:ls",
     "peer": "sr3.cli.peer:peer",
     "put": "sr3.cli.data:put",
+    "rm": "sr3.cli.data:rm",
     "spark": "sr3.cli.spark:spark",
     "status": "sr3.cli.data:status",
     "token": "sr3.cli.data:token",

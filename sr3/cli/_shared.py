@@ -1,37 +1,232 @@
-"""What the command modules share: ring options and settings, clean errors, sizes."""
+"""What the command modules share: ring options and settings, the one error boundary,
+sizes.
+
+Every command runs inside ``fail_cleanly``: an error sr3 expects (any ``SR3Error``, and
+any ``OSError`` such as a read-only or full target folder) becomes one line on stderr,
+``sr3: <what>``, and exit code 1. It names where a setting came from (``--ring``,
+``SR3_RING`` or the cluster file) and speaks of CLI flags (``--overwrite``), not of the
+Python arguments a lower layer's message names. Anything else is a bug and keeps its
+traceback; ``SR3_DEBUG=1`` shows the traceback of expected errors too.
+"""
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
 from rich.text import Text
 
-from ring.config import Settings, parse_size, resolve
-from ring.errors import SR3Error
+from ring.config import ClusterFile, Settings, cluster_file_path, parse_size, resolve
+from ring.errors import PeerUnavailable, SR3Error
 
 F = TypeVar("F", bound=Callable[..., Any])
 stderr = Console(stderr=True)
 
+# How OS errors read on the command line (the rest: the OS's own words, lower case).
+_OS_REASONS = {
+    errno.EROFS: "read-only file system",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.EISDIR: "is a directory",
+    errno.ENOENT: "no such file or directory",
+}
+
 
 def fail_cleanly(function: F) -> F:
-    """Turn sr3 errors into one line on stderr and exit code 1, not a traceback."""
+    """The CLI's error boundary: one ``sr3: <what>`` line and exit code 1 for every
+    expected error (``SR3Error``, ``OSError``), a traceback only for bugs."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
-        except SR3Error as exc:
-            # One line whatever the terminal width, and the message is not rich markup.
-            stderr.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
-            sys.exit(1)
+        except (SR3Error, OSError) as exc:
+            _fail_with(exc, kwargs)
+        except BaseExceptionGroup as group:
+            leaf = _expected_leaf(group)
+            if leaf is None:
+                raise
+            _fail_with(leaf, kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _fail_with(exc: BaseException, kwargs: dict[str, Any]) -> NoReturn:
+    if os.environ.get("SR3_DEBUG") == "1":
+        raise exc
+    ring_flag = kwargs.get("ring") if "ring" in kwargs else None
+    fail(describe_error(exc, ring_flag=ring_flag, has_ring="ring" in kwargs))
+
+
+def fail(message: str, *, exit_code: int = 1) -> NoReturn:
+    """Print ``sr3: <message>`` as one line on stderr and exit."""
+    one_line = " ".join(message.split())
+    # One line whatever the terminal width, and the message is not rich markup.
+    stderr.print(Text.assemble(("sr3:", "red"), f" {one_line}"), soft_wrap=True)
+    sys.exit(exit_code)
+
+
+def _expected_leaf(group: BaseExceptionGroup[Any]) -> BaseException | None:
+    for leaf in _leaves(group):
+        if isinstance(leaf, SR3Error | OSError):
+            return leaf
+    return None
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def describe_error(exc: BaseException, *, ring_flag: str | None, has_ring: bool) -> str:
+    """The one line an expected error prints, in the CLI's words."""
+    if isinstance(exc, PeerUnavailable):
+        return _describe_unreachable(exc, ring_flag, has_ring)
+    if isinstance(exc, OSError) and not isinstance(exc, SR3Error):
+        return describe_os_error(exc)
+    return cli_wording(str(exc))
+
+
+def _describe_unreachable(exc: PeerUnavailable, ring_flag: str | None, has_ring: bool) -> str:
+    seeds = ring_addresses(ring_flag) if has_ring else None
+    if seeds is not None and exc.address == ",".join(seeds):
+        return f"cannot reach {exc.address} (from {ring_source(ring_flag)})"
+    if exc.address == "ring":
+        where = f" (from {ring_source(ring_flag)})" if has_ring else ""
+        return f"cannot reach any peer of the ring{where}"
+    return f"cannot reach {exc.address}: {_unreachable_reason(exc)}"
+
+
+def _unreachable_reason(exc: BaseException) -> str:
+    """The innermost OS-level reason (refused, timed out) rather than aiohttp's repr."""
+    reason = "no answer"
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, TimeoutError):
+            reason = "timed out"
+        elif isinstance(cause, OSError) and cause.errno:
+            reason = os.strerror(cause.errno).lower()
+        cause = cause.__cause__ or cause.__context__
+    return reason
+
+
+def describe_os_error(exc: OSError, *, action: str = "", path: Path | None = None) -> str:
+    """``cannot write /x/y: read-only file system`` rather than a chained traceback."""
+    reason = _OS_REASONS.get(exc.errno or 0) or (
+        os.strerror(exc.errno).lower() if exc.errno else str(exc)
+    )
+    named = path if path is not None else exc.filename
+    where = f"{action} {named}".strip() if named is not None else action
+    return f"{where}: {reason}" if where else reason
+
+
+def cli_wording(message: str) -> str:
+    """Name the running command's flags where a lower layer named its Python arguments
+    (``pass overwrite=True`` reads ``pass --overwrite``, ``batch_id=3`` reads ``--batch
+    3``), and say "connection refused" where a cause is aiohttp's repr of it."""
+    message = plain_causes(message)
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return message
+    for param in context.command.params:
+        if not isinstance(param, click.Option) or param.name is None:
+            continue
+        flag = max(param.opts, key=len)
+        name = re.escape(param.name)
+        if param.is_flag:
+            message = re.sub(rf"\b{name}=True\b", flag, message)
+        else:
+            message = re.sub(rf"\b{name}=(?=\S)", f"{flag} ", message)
+    return message
+
+
+_ERROR_CALL = re.compile(r"\b(Client\w*Error|Server\w*Error|\w*TimeoutError|Connection\w*Error)\(")
+
+
+def plain_causes(message: str) -> str:
+    """Replace reprs such as ``ClientConnectorError(ConnectionKey(...),
+    ConnectionRefusedError(111, "..."))`` that lower layers put in their causes with the
+    reason they carry (``connection refused``)."""
+    parts: list[str] = []
+    position = 0
+    while (match := _ERROR_CALL.search(message, position)) is not None:
+        end = _closing_parenthesis(message, match.end() - 1)
+        if end is None:
+            break
+        parts.append(message[position : match.start()])
+        parts.append(_reason_of(message[match.start() : end + 1]))
+        position = end + 1
+    parts.append(message[position:])
+    return "".join(parts)
+
+
+def _closing_parenthesis(text: str, opening: int) -> int | None:
+    depth, quote = 0, ""
+    for index in range(opening, len(text)):
+        char = text[index]
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return index
+    return None
+
+
+def _reason_of(call: str) -> str:
+    for name, reason in (
+        ("ConnectionRefusedError", "connection refused"),
+        ("ConnectionResetError", "connection reset"),
+        ("TimeoutError", "timed out"),
+        ("ServerDisconnectedError", "disconnected"),
+    ):
+        if name in call:
+            return reason
+    number = re.search(r"Error\((\d+), ", call)
+    if number is not None:
+        return os.strerror(int(number.group(1))).lower()
+    return call.partition("(")[0]
+
+
+def ring_source(ring_flag: str | None) -> str:
+    """Where the ring address came from, in the order ``ring.config.resolve`` reads."""
+    if ring_flag:
+        return "--ring"
+    if os.environ.get("SR3_RING"):
+        return "SR3_RING"
+    return f"the cluster file {cluster_file_path()}"
+
+
+def ring_addresses(ring_flag: str | None) -> list[str] | None:
+    """The seed addresses the client was given, as ``resolve`` finds them, or None."""
+    text = ring_flag or os.environ.get("SR3_RING")
+    if text:
+        return [seed.strip() for seed in text.split(",") if seed.strip()]
+    path = cluster_file_path()
+    try:
+        return list(ClusterFile.read(path).addresses)
+    except SR3Error:
+        return None
 
 
 def ring_options(function: F) -> F:
@@ -58,7 +253,10 @@ def parse_rate(text: str) -> float:
 
 
 def human_size(size: int | None) -> str:
-    value = float(size or 0)
+    """``1.5 MiB``; ``-`` when the figure is not known."""
+    if size is None:
+        return "-"
+    value = float(size)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if value < 1024 or unit == "TiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"

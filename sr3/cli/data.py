@@ -1,17 +1,23 @@
-"""``sr3 status``, ``put``, ``get`` and ``token``: a running ring's state and files."""
+"""``sr3 status``, ``put``, ``get``, ``ls``, ``rm`` and ``token``: a running ring's state
+and its named files."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -21,13 +27,26 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from ring.auth import metrics_token
 from ring.client import Client, RingStatus
+from ring.client.client import FileInfo
 from ring.config import ClusterFile, Settings, cluster_file_path
-from sr3.cli._shared import fail_cleanly, human_size, ring_options, ring_settings, stderr
+from ring.errors import NotFound, SR3Error
+from sr3.cli._shared import (
+    describe_os_error,
+    fail,
+    fail_cleanly,
+    human_size,
+    ring_options,
+    ring_settings,
+    stderr,
+)
 
 PROGRESS_BYTES_MIN = 8 * 1024 * 1024
+# ``sr3 ls``: keys listed at most.
+LIST_FILES_MAX = 10_000
 
 
 @contextmanager
@@ -65,47 +84,129 @@ def _status_json(status: RingStatus, pids: dict[str, int | None]) -> dict[str, A
         if peer.peer_id in pids:
             entry["pid"] = pids[peer.peer_id]
         peers.append(entry)
+    health = ring_health(status)
     return {
         "replication": status.replication,
         "write_quorum": status.write_quorum,
         "chunks_under_replicated": status.chunks_under_replicated,
         "chunks_lost": status.chunks_lost,
+        "health": health.state,
+        "summary": health.summary,
         "peers": peers,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class RingHealth:
+    """What the ring is doing, from the peers' last repair rounds and their states."""
+
+    # healthy, rebalancing, under_replicated, lost or unknown
+    state: str
+    summary: str
+
+
+def _known_sum(values: list[int | None]) -> int | None:
+    return None if any(value is None for value in values) else sum(v or 0 for v in values)
+
+
+def ring_health(status: RingStatus) -> RingHealth:
+    """Tell rebalancing after a join (every member up, some chunks not yet on their new
+    owners) from under-replication after a loss (members down or removed). A repair
+    round counts both the same way, so the members' states make the difference; when
+    both happen at once, the loss is what is reported."""
+    live = [peer for peer in status.peers if peer.state == "up"]
+    down = [peer.peer_id for peer in status.peers if peer.state == "down"]
+    removed = [peer.peer_id for peer in status.peers if peer.state == "removed"]
+    under = sum(peer.chunks_under_replicated or 0 for peer in live)
+    lost = sum(peer.chunks_lost or 0 for peer in live)
+    pending = [peer.peer_id for peer in live if peer.chunks_under_replicated is None]
+    replicas = f"R={status.replication}"
+    if lost:
+        return RingHealth("lost", f"{lost} chunks lost: no live peer holds them")
+    if under and (down or removed):
+        causes = []
+        if down:
+            causes.append(
+                f"{', '.join(down)} down (copied elsewhere once removed, after --removal-grace)"
+            )
+        if removed:
+            causes.append(f"{', '.join(removed)} removed (re-replicating what they held)")
+        return RingHealth(
+            "under_replicated",
+            f"under-replicated after a loss: {under} chunks have fewer than {replicas} live "
+            f"copies; {'; '.join(causes)}",
+        )
+    if under:
+        return RingHealth(
+            "rebalancing",
+            f"rebalancing after a join: {under} chunks moving to their new owners",
+        )
+    if pending:
+        return RingHealth(
+            "unknown", f"not known yet: {', '.join(pending)} has not finished a repair round"
+        )
+    if down:
+        return RingHealth("under_replicated", f"{', '.join(down)} down; no chunk counted")
+    return RingHealth("healthy", f"healthy: every chunk has {replicas} live copies")
 
 
 _STATE_STYLE = {"up": "green", "down": "red", "removed": "yellow", "left": "dim"}
 
 
+def _figure(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _status_table(status: RingStatus, pids: dict[str, int | None]) -> Table:
+    live = [peer for peer in status.peers if peer.state == "up"]
+    under = _known_sum([peer.chunks_under_replicated for peer in live])
+    lost = _known_sum([peer.chunks_lost for peer in live])
     title = (
         f"sr3 ring: R={status.replication}, W={status.write_quorum}, "
-        f"{status.chunks_under_replicated} chunks under-replicated, {status.chunks_lost} lost"
+        f"{_figure(under)} chunks under-replicated, {_figure(lost)} lost"
     )
     zones = any(peer.zone for peer in status.peers)
     table = Table(title=title)
-    table.add_column("State")
-    table.add_column("ID")
-    table.add_column("Address")
+    table.add_column("State", no_wrap=True)
+    # Whole ids and addresses even on a narrow terminal: they are what one copies.
+    ids = [peer.peer_id for peer in status.peers]
+    addresses = [peer.address for peer in status.peers]
+    table.add_column("ID", no_wrap=True, min_width=max(map(len, ids), default=2))
+    table.add_column("Address", no_wrap=True, min_width=max(map(len, addresses), default=7))
     if zones:
         table.add_column("Zone")
     for column in ("Owns", "Stored", "Chunks", "Under", "Lost", "PID"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=True)
     for peer in status.peers:
         up = peer.state == "up"
         state = f"[{_STATE_STYLE.get(peer.state, 'red')}]{peer.state}[/]"
         if peer.ring_state != peer.state:
             state += f" (ring: {peer.ring_state})"
         known = [
-            str(value) if up and value is not None else "?"
+            _figure(value if up else None)
             for value in (peer.chunk_count, peer.chunks_under_replicated, peer.chunks_lost)
         ]
         table.add_row(
             state, peer.peer_id, peer.address, *([peer.zone or "-"] if zones else []),
-            f"{peer.ownership * 100:.1f}%", human_size(peer.stored_bytes) if up else "?",
+            f"{peer.ownership * 100:.1f}%", human_size(peer.stored_bytes if up else None),
             *known, str(pids.get(peer.peer_id) or "-"),
         )  # fmt: skip
     return table
+
+
+def _print_wide(table: Table, summary: str) -> None:
+    """Print the table whole: at its natural width, even past a narrow terminal's edge
+    (the terminal wraps a long line; a cut address or figure would be lost). A table too
+    wide for the terminal drops its borders first."""
+    console = Console()
+    natural = Measurement.get(console, console.options.update_width(1_000), table).maximum
+    if console.is_terminal and natural > console.width:
+        table.box = box.SIMPLE_HEAD
+        natural = Measurement.get(console, console.options.update_width(1_000), table).maximum
+    if natural > console.width or not console.is_terminal:
+        console.width = natural
+    console.print(table)
+    console.print(Text(summary), soft_wrap=True)
 
 
 @click.command()
@@ -113,17 +214,15 @@ def _status_table(status: RingStatus, pids: dict[str, int | None]) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @fail_cleanly
 def status(ring: str | None, secret_file: Path | None, as_json: bool) -> None:
-    """Peers, up/down, effective ownership, stored bytes and chunk counts."""
+    """Peers, up/down, effective ownership, stored bytes and chunk counts; whether the
+    ring is rebalancing after a join or under-replicated after a loss."""
     settings = ring_settings(ring, secret_file)
     result = asyncio.run(_status(settings))
     pids = _local_pids(settings)
     if as_json:
         click.echo(json.dumps(_status_json(result, pids), indent=2))
     else:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=160)
-        console.print(_status_table(result, pids))
+        _print_wide(_status_table(result, pids), ring_health(result).summary)
 
 
 @click.command()
@@ -140,10 +239,41 @@ def put(file: Path, key: str | None, ring: str | None, secret_file: Path | None)
     async def run() -> None:
         async with Client(settings.ring, settings.secret) as client:
             with _progress(size, "put") as progress:
-                await client.store_file(file, name, progress=progress)
+                await client.put_file(file, name, progress=progress)
 
     asyncio.run(run())
     click.echo(name)
+
+
+def _partial_path(output: Path) -> Path:
+    """Where ``Client.get_file`` writes before it renames into place."""
+    return output.with_name(f".{output.name}.sr3-partial")
+
+
+def check_target(output: Path, size: int) -> None:
+    """Refuse a download that cannot land before fetching a byte: the target folder must
+    exist, be writable (tried, so that root on a read-only mount is refused too) and
+    have room for ``size`` bytes."""
+    folder = output.absolute().parent
+    if output.is_dir():
+        raise SR3Error(f"cannot write {output}: it is a directory")
+    if not folder.is_dir():
+        # A file part-way up the path is ENOTDIR for everyone, root included.
+        blocker = next((part for part in (folder, *folder.parents) if part.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise SR3Error(f"cannot write {output}: {blocker} is not a directory")
+        raise SR3Error(f"cannot write {output}: {folder} does not exist")
+    try:
+        free = shutil.disk_usage(folder).free
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise SR3Error(describe_os_error(exc, action="cannot write", path=output)) from exc
+    if free < size:
+        raise SR3Error(
+            f"cannot write {output}: no space ({human_size(size)} needed, "
+            f"{human_size(free)} free in {folder})"
+        )
 
 
 @click.command()
@@ -157,13 +287,77 @@ def get(key: str, output: Path, ring: str | None, secret_file: Path | None) -> N
 
     async def run() -> int:
         async with Client(settings.ring, settings.secret) as client:
-            ref = await client.lookup_file(key)
-            with _progress(ref.size, "get") as progress:
-                await client.get_file(ref, output, progress=progress)
-            return ref.size
+            info = await client.file_info(key)
+            check_target(output, info.size)
+            with _progress(info.size, "get") as progress:
+                await client.get_file(info.ref, output, progress=progress)
+            return info.size
 
-    size = asyncio.run(run())
+    try:
+        size = asyncio.run(run())
+    except OSError as exc:
+        # Full or read-only part-way: the partial file goes, quietly, and one line says why.
+        with contextlib.suppress(OSError):
+            _partial_path(output).unlink(missing_ok=True)
+        raise SR3Error(describe_os_error(exc, action="cannot write", path=output)) from exc
     click.echo(f"{output} ({size} bytes, verified)")
+
+
+@click.command("ls")
+@click.argument("prefix", default="")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@ring_options
+@fail_cleanly
+def ls(prefix: str, as_json: bool, ring: str | None, secret_file: Path | None) -> None:
+    """List the named files (what ``sr3 put`` stored) whose key starts with PREFIX."""
+    settings = ring_settings(ring, secret_file)
+
+    async def run() -> list[FileInfo]:
+        async with Client(settings.ring, settings.secret) as client:
+            return list((await client.list_files(prefix, limit=LIST_FILES_MAX)).values())
+
+    files = asyncio.run(run())
+    if as_json:
+        entries = [{"key": f.key, "size": f.size, "version": f.version} for f in files]
+        click.echo(json.dumps({"files": entries}, indent=2))
+        return
+    if not files:
+        click.echo(f"no file named {prefix}* on the ring" if prefix else "no file on the ring")
+        return
+    width = max(len(f.key) for f in files)
+    for f in files:
+        click.echo(f"{f.key:<{width}}  {human_size(f.size):>10}  v{f.version}")
+    if len(files) >= LIST_FILES_MAX:
+        click.echo(f"(the first {LIST_FILES_MAX} keys; narrow with a PREFIX)", err=True)
+
+
+@click.command("rm")
+@click.argument("keys", nargs=-1, required=True)
+@ring_options
+@fail_cleanly
+def rm(keys: tuple[str, ...], ring: str | None, secret_file: Path | None) -> None:
+    """Delete the named files KEYS (tombstones; peers collect their chunks after
+    --gc-grace). Exit code 1 when some key names no file."""
+    settings = ring_settings(ring, secret_file)
+    outcomes = asyncio.run(_remove_files(settings, keys))
+    unknown = [key for key, deleted in outcomes.items() if not deleted]
+    for key, deleted in outcomes.items():
+        if deleted:
+            click.echo(f"deleted {key}")
+    if unknown:
+        fail(f"no file named {', '.join(repr(key) for key in unknown)} on the ring")
+
+
+async def _remove_files(settings: Settings, keys: tuple[str, ...]) -> dict[str, bool]:
+    outcomes: dict[str, bool] = {}
+    async with Client(settings.ring, settings.secret) as client:
+        for key in dict.fromkeys(keys):
+            try:
+                await client.delete_file(key)
+                outcomes[key] = True
+            except NotFound:
+                outcomes[key] = False
+    return outcomes
 
 
 @click.group()

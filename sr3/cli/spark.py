@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
+from ring.errors import SR3Error
 from ring.sync_client import SyncClient
-from sr3.cli._shared import fail_cleanly, ring_options, ring_settings
+from sr3.cli._shared import describe_error, fail, fail_cleanly, ring_options, ring_settings
 
 
 @click.group()
@@ -89,12 +90,52 @@ def spark_restore(
 @fail_cleanly
 def spark_forget(query: str, keep: int, ring: str | None, secret_file: Path | None) -> None:
     """Delete a query's older batches from the ring (peers collect their chunks once no
-    kept batch references them, after --gc-grace)."""
+    kept batch references them, after --gc-grace). Deletes what it can and says what is
+    left; exit code 1 when something is left or the ring has no such query."""
+    from spark_connector.catalog import delete_manifest, query_batches
     from spark_connector.manifest import check_query_name
-    from spark_connector.sync import forget
 
     settings = ring_settings(ring, secret_file)
+    left: dict[int, SR3Error] = {}
+    deleted: list[int] = []
     with SyncClient(settings.ring, settings.secret) as client:
-        deleted = forget(client, check_query_name(query), keep)
-    shown = ", ".join(str(batch) for batch in deleted) or "none"
-    click.echo(f"{query}: deleted {len(deleted)} batches ({shown}); kept the newest {keep}")
+        batches = query_batches(client, check_query_name(query))
+        unseen = _unreachable_members(client)
+        if not batches:
+            if unseen:
+                fail(f"no batch of {query!r} found, but {', '.join(unseen)} did not answer")
+            fail(f"no query named {query!r} on the ring (sr3 spark list shows them)")
+        for batch_id in batches[: max(0, len(batches) - keep)]:
+            try:
+                delete_manifest(client, query, batch_id)
+                deleted.append(batch_id)
+            except SR3Error as exc:
+                left[batch_id] = exc
+    kept = batches[len(deleted) + len(left) :]
+    click.echo(
+        f"{query}: deleted {len(deleted)} batches ({_batches(deleted)}); "
+        f"kept the newest {len(kept)} ({_batches(kept)})"
+    )
+    problems = []
+    if left:
+        first = describe_error(next(iter(left.values())), ring_flag=ring, has_ring=True)
+        problems.append(f"could not delete {len(left)} batches ({_batches(list(left))}): {first}")
+    if unseen:
+        problems.append(f"{', '.join(unseen)} did not answer: batches only they hold were not seen")
+    if problems:
+        fail(f"{query}: {'; '.join(problems)}; run the same command once the peers are back")
+
+
+def _unreachable_members(client: SyncClient) -> list[str]:
+    """Placement members the listing could not reach (down as the client found them or as
+    the ring's table has them): batches only they hold were not listed."""
+    view = client.run(client.client.ring())
+    return [
+        member.peer_id
+        for member in view.ring.members
+        if client.client.view.is_down(member) or view.states.get(member.peer_id) == "down"
+    ]
+
+
+def _batches(batch_ids: list[int]) -> str:
+    return ", ".join(str(batch_id) for batch_id in batch_ids) or "none"
