@@ -3,12 +3,17 @@
 The async client runs on an event loop owned by one daemon thread; each method submits
 a coroutine there and waits for its result. Safe to call from any thread, including
 threads that run an event loop of their own.
+
+``close()`` closes the client's sessions before the loop stops; a script that never
+calls it (it raised first, or just ended) gets the same at exit or when the object is
+collected (``weakref.finalize``), rather than aiohttp's "Unclosed client session".
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -18,9 +23,16 @@ from ring.blobs import BlobRef
 from ring.client import Client, ClientOptions, Progress, RecordValue, RingStatus, Source
 from ring.client.client import FileInfo
 
-__all__ = ["SyncClient"]
+__all__ = ["SyncClient", "SyncClientClosed"]
 
 T = TypeVar("T")
+
+# How long closing waits for the client's sessions to close, and for its thread to end.
+CLOSE_TIMEOUT_S = 30.0
+
+
+class SyncClientClosed(RuntimeError):
+    """A call on a ``SyncClient`` that is closed."""
 
 
 class SyncClient:
@@ -42,8 +54,10 @@ class SyncClient:
         try:
             self._client = self._call(self._make(ring, secret, options))
         except BaseException:
-            self._stop_loop()
+            _stop_loop(self._loop, self._thread)
             raise
+        # Holds no reference to self: it runs at close(), at exit, or on collection.
+        self._closer = weakref.finalize(self, _shut_down, self._loop, self._thread, self._client)
 
     @staticmethod
     async def _make(
@@ -54,19 +68,12 @@ class SyncClient:
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         if self._loop.is_closed():
             coroutine.close()
-            raise RuntimeError("this SyncClient is closed")
+            raise SyncClientClosed("this SyncClient is closed")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._call(self._client.close())
-        self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        """Close the client's sessions, then stop its loop (once; later calls do nothing)."""
+        self._closer()
 
     def __enter__(self) -> SyncClient:
         return self
@@ -143,3 +150,32 @@ class SyncClient:
 
     def status(self) -> RingStatus:
         return self._call(self._client.status())
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: Client) -> None:
+    if loop.is_closed():
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(_close_client(client), loop).result(CLOSE_TIMEOUT_S)
+    finally:
+        _stop_loop(loop, thread)
+
+
+async def _close_client(client: Client) -> None:
+    """Close ``client``; then cancel what is left on the loop (calls abandoned by their
+    threads) and close it again, since a request that ran after the first close opened
+    a new session."""
+    await client.close()
+    current = asyncio.current_task()
+    left = [task for task in asyncio.all_tasks() if task is not current]
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+    await client.close()
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(CLOSE_TIMEOUT_S)
+    if not thread.is_alive():
+        loop.close()

@@ -1,11 +1,12 @@
 """Reading a Spark checkpoint directory: the I/O shell around the cut's pure core.
 
-``spark_connector.cut`` decides which files a restart after batch N needs, from names and
-sizes alone; this module does what it cannot. ``list_checkpoint`` walks the directory
-(skipping what no cut holds: hidden files such as Hadoop's ``.crc`` side files, and
-``*.tmp``), ``read_sst_references`` opens the RocksDB snapshot zips a cut builds on for
-the SST lists in their ``metadata`` member, ``read_offsets`` reads the head of the offset
-log of a batch, and ``read_cut`` strings them together, stat-ing only the files of the
+``spark_connector.cut`` decides which files a restart after batch N needs, from names
+and sizes alone; this module does what it cannot. ``list_checkpoint`` walks the
+directory (skipping what no cut holds: hidden files such as Hadoop's ``.crc`` side
+files, and ``*.tmp``), ``read_sst_references`` opens the RocksDB snapshot zips a cut
+builds on for the SST lists in their ``metadata`` member, ``read_offsets`` reads the
+head of the offset log of a batch, ``read_query_id`` the query id in the checkpoint's
+``metadata``, and ``read_cut`` strings them together, stat-ing only the files of the
 cut. The file system changes under it while Spark runs: files that vanish while walking
 are left out, a file that vanishes before its stat raises ``FileNotFoundError`` (list
 again), and other OS errors become ``CheckpointError``. Every read is bounded.
@@ -25,14 +26,16 @@ from spark_connector.cut import (
     ParsedListing,
     check_sst_size,
     parse_offsets,
+    parse_query_id,
     parse_zip_metadata,
 )
 
-__all__ = ["list_checkpoint", "read_cut", "read_offsets", "read_sst_references"]
+__all__ = ["list_checkpoint", "read_cut", "read_offsets", "read_query_id", "read_sst_references"]
 
 LISTING_ENTRIES_MAX = 2_000_000
 ZIP_METADATA_BYTES_MAX = 16 * 1024 * 1024
 OFFSETS_BYTES_MAX = 1024 * 1024
+QUERY_METADATA_BYTES_MAX = 64 * 1024
 
 
 def list_checkpoint(root: Path) -> list[FileEntry]:
@@ -129,6 +132,18 @@ def read_offsets(root: Path, batch_id: int) -> tuple[int | None, dict[int, int]]
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"offsets/{batch_id}: cannot read it: {exc}") from exc
     return parse_offsets(batch_id, head)
+
+
+def read_query_id(root: Path) -> str | None:
+    """The query id in ``root/metadata``; None when the file is absent or holds none."""
+    try:
+        with (root / "metadata").open("rb") as file:
+            head = file.read(QUERY_METADATA_BYTES_MAX)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointError(f"{root / 'metadata'}: cannot read it: {exc}") from exc
+    return parse_query_id(head.decode("utf-8", errors="replace"))
 
 
 def read_cut(

@@ -78,6 +78,7 @@ __all__ = [
     "committed_batches",
     "cut_for_batch",
     "parse_offsets",
+    "parse_query_id",
     "parse_zip_metadata",
     "snapshot_zips",
 ]
@@ -532,6 +533,17 @@ def parse_offsets(batch_id: int, text: str) -> tuple[int | None, dict[int, int]]
         return (None if value is None else int(value)), ends
     except (ValueError, AttributeError, TypeError) as exc:
         raise CheckpointError(f"offsets/{batch_id}: cannot read it: {exc}") from exc
+
+
+def parse_query_id(text: str) -> str | None:
+    """The query id in a checkpoint's ``metadata`` file (Spark writes ``{"id":"<uuid>"}``
+    once, when the checkpoint is created); None when it holds none."""
+    try:
+        metadata = json.loads(text.partition("\n")[0])
+    except ValueError:
+        return None
+    query_id = metadata.get("id") if isinstance(metadata, dict) else None
+    return query_id if isinstance(query_id, str) and 0 < len(query_id) <= 128 else None
 
 
 def parse_zip_metadata(zip_path: str, text: str) -> tuple[FileEntry, ...]:

@@ -6,11 +6,18 @@ after every chunk it names is on its write quorum, as record
 ``spark/<query>/batches/<batch id, 12 digits>``, and carries those chunks as the record's
 refs. The newest batch of a query is the highest such key listed (a manifest is
 complete when it exists). Pure values and JSON, no I/O.
+
+Format 2 also says where a batch came from, so that a restore can tell which run it
+resumes: when it was pushed (wall clock), from which host, and the Spark query id of
+the checkpoint (its ``metadata`` file). Format 1 manifests, without those, are still
+read.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +29,16 @@ __all__ = [
     "Manifest",
     "ManifestFile",
     "check_query_name",
+    "format_wall",
     "manifest_key",
     "manifests_prefix",
 ]
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+# Formats this module reads: 1 has no pushed_at, host or query_id.
+MANIFEST_FORMATS_READ = (1, 2)
+HOST_CHARS_MAX = 255
+QUERY_ID_CHARS_MAX = 128
 _QUERY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -62,6 +74,11 @@ class Manifest:
     # rewrite metadata that names it).
     root: str
     files: tuple[ManifestFile, ...]
+    # When the batch was pushed (seconds since the epoch, wall clock), from which host,
+    # and the Spark query id its checkpoint holds; None when not recorded (format 1).
+    pushed_at: float | None = None
+    host: str | None = None
+    query_id: str | None = None
 
     def chunk_ids(self) -> list[str]:
         return sorted({e.chunk_id for f in self.files for e in f.blob.extents})
@@ -70,20 +87,38 @@ class Manifest:
     def size(self) -> int:
         return sum(f.blob.size for f in self.files)
 
+    def file(self, path: str) -> ManifestFile | None:
+        """The file at ``path``, or None when the batch does not hold it."""
+        for file in self.files:
+            if file.path == path:
+                return file
+        return None
+
+    def origin(self) -> str:
+        """Where the batch came from, for logs: ``pushed at <UTC time> from host:dir``."""
+        when = "an unknown time" if self.pushed_at is None else format_wall(self.pushed_at)
+        host = "an unknown host" if self.host is None else self.host
+        return f"pushed at {when} from {host}:{self.root}"
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "format": MANIFEST_FORMAT,
             "query": self.query,
             "batch_id": self.batch_id,
             "state_version": self.state_version,
             "root": self.root,
-            "files": [{"path": f.path, **f.blob.to_json()} for f in self.files],
         }
+        for name in ("pushed_at", "host", "query_id"):
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = value
+        data["files"] = [{"path": f.path, **f.blob.to_json()} for f in self.files]
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> Manifest:
         try:
-            if data["format"] != MANIFEST_FORMAT:
+            if data["format"] not in MANIFEST_FORMATS_READ:
                 raise ProtocolError(f"unsupported manifest format {data['format']}")
             files = tuple(
                 ManifestFile(str(item["path"]), BlobRef.from_json(item)) for item in data["files"]
@@ -94,6 +129,34 @@ class Manifest:
                 int(data["state_version"]),
                 str(data["root"]),
                 files,
+                pushed_at=_optional_time(data.get("pushed_at")),
+                host=_optional_text(data.get("host"), HOST_CHARS_MAX),
+                query_id=_optional_text(data.get("query_id"), QUERY_ID_CHARS_MAX),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed manifest: {exc!r}") from exc
+
+
+def format_wall(seconds: float) -> str:
+    """A wall-clock time (seconds since the epoch) as ``2026-11-23 20:30:01 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def _optional_time(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"pushed_at is not a number: {value!r}")
+    seconds = float(value)
+    # Bounded: gmtime() of a huge value raises OverflowError.
+    if not math.isfinite(seconds) or not 0 <= seconds < 2**40:
+        raise ValueError(f"pushed_at out of range: {value!r}")
+    return seconds
+
+
+def _optional_text(value: Any, chars_max: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > chars_max:
+        raise ValueError(f"not a string of at most {chars_max} characters: {value!r:.80}")
+    return value

@@ -3,11 +3,13 @@ off the query's path.
 
 ``Pusher.push(batch)`` cuts the checkpoint directory at a committed batch
 (``spark_connector.checkpoint``), uploads the files the ring does not hold yet (files of
-a checkpoint are written once, so a file seen before with the same size and mtime is
-not read again), and writes the manifest after every chunk it names is on its write
-quorum. Then it keeps the newest ``keep_batches`` manifests of the query and deletes
-older ones (``spark_connector.catalog.forget``); their chunks are collected by the peers
-once no remaining manifest references them (``ring.gc``, after its grace period).
+a checkpoint are written once, so a file seen before with the same size and mtime is not
+read again), and writes the manifest after every chunk it names is on its write quorum;
+the manifest also records when (wall clock) and from which host it was pushed, and the
+Spark query id of the checkpoint. Then it keeps the newest ``keep_batches`` manifests of
+the query and deletes older ones (``spark_connector.catalog.forget``); their chunks are
+collected by the peers once no remaining manifest references them (``ring.gc``, after
+its grace period).
 
 Reusing chunks across pushes is safe while the manifest that last referenced them
 lives: once it is deleted (``sr3 spark forget`` from elsewhere), the peers collect its
@@ -30,9 +32,11 @@ batches behind (back-pressure).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,9 +46,9 @@ from ring.blobs import BlobRef
 from ring.client import file_source
 from ring.codec import compact_json
 from ring.errors import ConfigError, RecordConflict, SR3Error
-from ring.sync_client import SyncClient
+from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import delete_manifest, forget, query_batches
-from spark_connector.checkpoint import list_checkpoint, read_cut
+from spark_connector.checkpoint import list_checkpoint, read_cut, read_query_id
 from spark_connector.cut import CheckpointError, FileEntry, committed_batches
 from spark_connector.manifest import Manifest, ManifestFile, manifest_key
 
@@ -98,6 +102,8 @@ class Pusher:
         keep_batches: int = KEEP_BATCHES_DEFAULT,
         recheck_s: float = RECHECK_S_DEFAULT,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        host: str | None = None,
     ) -> None:
         assert keep_batches >= 1, "the newest batch is always kept"
         assert recheck_s >= 0, "recheck_s is a duration"
@@ -107,6 +113,11 @@ class Pusher:
         self.recheck_s = recheck_s
         self._client = client
         self._clock = clock
+        # Stored in each manifest: when and where it was pushed from.
+        self._wall_clock = wall_clock
+        self.host = host if host is not None else socket.gethostname()
+        # The query id of `metadata` as last read, with that file's (size, mtime_ns).
+        self._query_id: tuple[int, int, str | None] | None = None
         # path -> (size, mtime_ns, blob) of files already on the ring
         self._known: dict[str, tuple[int, int, BlobRef]] = {}
         # The manifest that references the chunks of _known, as (batch id, version), and
@@ -154,6 +165,7 @@ class Pusher:
         manifest = Manifest(
             self.query, cut.batch_id, cut.state_version, str(self.checkpoint_dir),
             tuple(ManifestFile(path, files[path]) for path in sorted(files)),
+            pushed_at=self._wall_clock(), host=self.host, query_id=self._read_query_id(cut.files),
         )  # fmt: skip
         writing_at = self._clock()
         version = self._write_manifest(manifest)
@@ -169,6 +181,16 @@ class Pusher:
         return PushReport(
             cut.batch_id, len(files), manifest.size, sum(size for _, size, _ in fresh), version
         )
+
+    def _read_query_id(self, entries: tuple[FileEntry, ...]) -> str | None:
+        """The query id in the cut's ``metadata`` (read again only when it changed)."""
+        metadata = next((entry for entry in entries if entry.path == "metadata"), None)
+        if metadata is None:
+            return None
+        if self._query_id is None or self._query_id[:2] != (metadata.size, metadata.mtime_ns):
+            query_id = read_query_id(self.checkpoint_dir)
+            self._query_id = (metadata.size, metadata.mtime_ns, query_id)
+        return self._query_id[2]
 
     def _still_referenced(self) -> bool:
         """Whether the manifest that references the chunks of ``_known`` still lives
@@ -273,12 +295,15 @@ class PushWorker:
                 self.query, self.lag_batches, self._newest_committed, self._newest_pushed,
             )  # fmt: skip
 
-    def restored(self, batch_id: int) -> None:
-        """Note that ``batch_id`` was restored: the ring holds it, so pushing starts from
-        there, with no false lag."""
+    def restored(self, batch_id: int, on_ring: int | None = None) -> None:
+        """Note that the checkpoint directory holds ``batch_id`` after a restore and the
+        ring holds ``on_ring`` (default: the same batch), so that pushing starts from
+        there: no false lag, and a newer local batch kept counts as not pushed yet."""
         with self._changed:
-            self._newest_pushed = max(self._newest_pushed, batch_id)
+            pushed = batch_id if on_ring is None else min(batch_id, on_ring)
+            self._newest_pushed = max(self._newest_pushed, pushed)
             self._newest_committed = max(self._newest_committed, batch_id)
+            self._changed.notify_all()
 
     @property
     def lag_batches(self) -> int:
@@ -311,6 +336,10 @@ class PushWorker:
                 with self._changed:
                     self._changed.wait(min(PUSH_RETRY_S_MAX, 0.5 * 2**failures))
                 continue
+            except (CancelledError, SyncClientClosed) as exc:
+                # The client was closed under the push: the process exits without close().
+                log.warning("sr3 push of batch %d abandoned: %r", wanted, exc)
+                return
             failures = 0
             with self._changed:
                 self._newest_pushed = max(self._newest_pushed, report.batch_id)

@@ -1,18 +1,28 @@
 """Restoring a query's batch from the ring into its checkpoint directory.
 
-``restore_manifest`` fetches a manifest's chunks along a recovery topology (star, line,
-tree, or ``auto``: the cost model picks) into a staging directory next to the target,
-writes each chunk at its extents' offsets as it arrives and verifies every file against
-its digest (``_Writer``), points the small metadata files that name the old checkpoint
-path at the new one, and renames the staging directory into place: the target holds the
-whole batch, byte-identical, or is left as it was. ``newest_manifest`` finds the newest
-manifest of a query (listed again when retention deletes it before it is read).
+``restore_manifest`` is the one call to make before every start. It looks at what the
+directory holds first (``spark_connector.local``): nothing (absent or empty) and it
+restores; the ring's batch or a newer one and it keeps the local checkpoint
+(``action="kept-local"``); an earlier state of the same query (a prefix of the ring's
+history) and it restores over it; anything else (another query or run, a fork) and it
+refuses, saying what ``overwrite=True`` would discard.
+
+A restore fetches a manifest's chunks along a recovery topology (star, line, tree, or
+``auto``: the cost model picks) into a staging directory next to the target, writes each
+chunk at its extents' offsets as it arrives and verifies every file against its digest
+(``_Writer``), points the small metadata files that name the old checkpoint path at the
+new one, and renames the staging directory into place (the old directory is renamed
+aside first and deleted after): the target holds the whole batch, byte-identical, or is
+left as it was. Each restore is logged with the batch, when and from which host and
+directory it was pushed. ``newest_manifest`` finds the newest manifest of a query
+(listed again when retention deletes it before it is read).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import threading
@@ -29,9 +39,12 @@ from ring.errors import ConfigError, SR3Error
 from ring.files import READ_BYTES, fsync_dir
 from ring.sync_client import SyncClient
 from spark_connector.catalog import latest_batch
+from spark_connector.local import LocalCheckpoint, divergence, inspect_local
 from spark_connector.manifest import Manifest, ManifestFile, manifest_key
 
-__all__ = ["RestoreReport", "newest_manifest", "read_manifest", "restore_manifest"]
+__all__ = ["RestoreAction", "RestoreReport", "newest_manifest", "read_manifest", "restore_manifest"]
+
+log = logging.getLogger(__name__)
 
 # A restore lists the ring again when the newest manifest vanished (retention) before
 # it was read, at most this many times.
@@ -44,12 +57,27 @@ REWRITE_BYTES_MAX = 1024 * 1024
 AHEAD_BYTES_MAX = 64 * 1024 * 1024
 
 
+RestoreAction = Literal["restored", "kept-local"]
+
+
 @dataclass(frozen=True, slots=True)
 class RestoreReport:
+    """What ``restore_manifest`` did. ``restored``: the ring's batch ``batch_id`` was
+    fetched (``files`` files, ``bytes_total`` bytes, ``recovery``'s figures), replacing
+    what ``discarded`` describes ("" when the directory was empty or an earlier state of
+    the same query). ``kept-local``: the directory already held batch ``batch_id``, at or
+    after the ring's ``ring_batch_id``; nothing was fetched (``recovery`` is empty, its
+    ``reason`` says why). ``origin``: when, from which host and directory the ring's
+    batch was pushed."""
+
     batch_id: int
     files: int
     bytes_total: int
     recovery: RecoveryResult
+    action: RestoreAction = "restored"
+    ring_batch_id: int | None = None
+    origin: str = ""
+    discarded: str = ""
 
 
 def read_manifest(client: SyncClient, query: str, batch_id: int) -> Manifest | None:
@@ -78,20 +106,95 @@ def restore_manifest(
     topology: Topology | str = "auto",
     *,
     overwrite: bool = False,
+    requested: bool = False,
 ) -> RestoreReport:
-    """Restore ``manifest``'s files into directory ``target``, which must be empty or
-    absent unless ``overwrite``."""
-    if target.exists() and any(target.iterdir()) and not overwrite:
-        raise ConfigError(f"{target} is not empty (pass overwrite=True to replace it)")
+    """Bring directory ``target`` to ``manifest``'s batch: restore it when ``target`` is
+    empty, absent or an earlier state of the same query; keep ``target`` when it holds
+    that batch or a newer one (unless the batch was ``requested`` by id: then a newer
+    local batch is refused); refuse anything else. ``overwrite``: restore whatever
+    ``target`` holds (what it discards is logged and reported)."""
+    local = inspect_local(target)
+    discarded = ""
+    if not local.empty and overwrite:
+        discarded = local.describe()
+        log.warning(
+            "sr3 restore of query %s into %s discards the local checkpoint (overwrite=True): %s",
+            manifest.query, target, discarded,
+        )  # fmt: skip
+    elif not local.empty:
+        kept = _keep_or_refuse(local, manifest, requested)
+        if kept is not None:
+            return kept
+    result = _restore(client, manifest, target, topology)
+    log.info(
+        "sr3 restored batch %d of query %s %s into %s (query id %s): %d files, %d bytes, "
+        "%s in %.2f s", manifest.batch_id, manifest.query, manifest.origin(), target,
+        manifest.query_id or "unknown", len(manifest.files), manifest.size, result.topology,
+        result.seconds,
+    )  # fmt: skip
+    return RestoreReport(
+        manifest.batch_id, len(manifest.files), manifest.size, result,
+        ring_batch_id=manifest.batch_id, origin=manifest.origin(), discarded=discarded,
+    )  # fmt: skip
+
+
+def _keep_or_refuse(
+    local: LocalCheckpoint, manifest: Manifest, requested: bool
+) -> RestoreReport | None:
+    """For a non-empty ``local``: the report of keeping it when it holds ``manifest``'s
+    batch or a newer one, None when restoring over it is safe (an earlier state of the
+    same query), else ``ConfigError`` saying what ``overwrite=True`` would discard."""
+    ring_batch, newest = manifest.batch_id, local.newest
+    ring_side = (
+        f"on the ring: batch {ring_batch} of query {manifest.query} (query id "
+        f"{manifest.query_id or 'unknown'}), {manifest.origin()}"
+    )
+    refusal = f"overwrite=True discards the local checkpoint ({local.describe()})"
+    if newest is not None and newest > ring_batch and requested:
+        raise ConfigError(
+            f"{local.path} is not empty: it holds batch {newest}, newer than the requested "
+            f"batch {ring_batch}; {ring_side}. {refusal}"
+        )
+    if newest is not None and newest >= ring_batch:
+        same_query = divergence(local, manifest) is None
+        reason = f"the local checkpoint holds batch {newest}, the ring's newest is {ring_batch}"
+        log.log(
+            logging.INFO if same_query else logging.WARNING,
+            "sr3 kept the local checkpoint %s of query %s at batch %d (query id %s); %s%s",
+            local.path, manifest.query, newest, local.query_id or "unknown", ring_side,
+            "" if same_query else " (another run: its batches on the ring will be replaced)",
+        )  # fmt: skip
+        nothing = RecoveryResult("none", 0, 0, 0, 0.0, 0, (), (), reason=reason)
+        return RestoreReport(
+            newest, 0, 0, nothing, action="kept-local", ring_batch_id=ring_batch,
+            origin=manifest.origin(),
+        )  # fmt: skip
+    why = divergence(local, manifest)
+    if why is not None:
+        here = "no committed batch" if newest is None else f"batch {newest}"
+        raise ConfigError(
+            f"{local.path} is not empty and is not an earlier state of query "
+            f"{manifest.query}: {why}. Here: {here} (query id {local.query_id or 'unknown'}); "
+            f"{ring_side}. {refusal}"
+        )
+    log.info(
+        "sr3 restores over %s: its batch %s is an earlier state of query %s than the ring's %d",
+        local.path, newest, manifest.query, ring_batch,
+    )  # fmt: skip
+    return None
+
+
+def _restore(client: SyncClient, manifest: Manifest, target: Path, topology: str) -> RecoveryResult:
+    """Fetch ``manifest`` into a staging directory and rename it into place."""
     staging = target.with_name(f".{target.name}.sr3-restoring")
-    shutil.rmtree(staging, ignore_errors=True)
+    _remove(staging)
     try:
         result = _fetch(client, manifest, staging, topology)
         _rewrite_root(staging, manifest.root, str(target))
         _swap_in(staging, target)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return RestoreReport(manifest.batch_id, len(manifest.files), manifest.size, result)
+        _remove(staging)
+    return result
 
 
 def _fetch(client: SyncClient, manifest: Manifest, staging: Path, topology: str) -> RecoveryResult:
@@ -273,7 +376,20 @@ def _rewrite_root(staging: Path, old_root: str, new_root: str) -> None:
 
 
 def _swap_in(staging: Path, target: Path) -> None:
-    if target.exists():
-        shutil.rmtree(target)
+    """Rename ``staging`` to ``target``; what ``target`` held is renamed aside first and
+    deleted once the new directory is in place (a crash between the renames leaves both
+    next to it, nothing half-deleted)."""
+    aside = target.with_name(f".{target.name}.sr3-replaced")
+    if target.exists() or target.is_symlink():
+        _remove(aside)
+        os.replace(target, aside)
     os.replace(staging, target)
     fsync_dir(target.parent)
+    _remove(aside)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink(missing_ok=True)

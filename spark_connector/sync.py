@@ -19,7 +19,9 @@ The facade a Spark driver uses; it holds the ring client and composes the parts:
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from recovery.plan import Topology
@@ -56,6 +58,8 @@ __all__ = [
     "latest_batch",
     "ring_queries",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class StateSync:
@@ -115,11 +119,25 @@ class StateSync:
         return self._worker.last_error
 
     def close(self) -> None:
-        """Stop pushing (the batch being pushed is finished first) and close the client."""
+        """Stop pushing (the batch being pushed is finished first) and close the client
+        (once; later calls do nothing). A script that never calls it has its client
+        closed at exit all the same (``SyncClient``), the push in flight abandoned."""
         self._worker.close()
         if self._listener is not None and self._spark_streams is not None:
             self._spark_streams.removeListener(self._listener)
+            self._listener = None
         self._client.close()
+
+    def __enter__(self) -> StateSync:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
 
     # -- pushing on every commit ----------------------------------------------------------
 
@@ -195,16 +213,28 @@ class StateSync:
         batch_id: int | None = None,
         overwrite: bool = False,
     ) -> int | None:
-        """Restore the newest (or the given) batch into the checkpoint directory; the
-        batch id, or None when the ring has no batch of this query."""
+        """Bring the checkpoint directory to the newest (or the given) batch on the ring:
+        the one call to make before every start. Restores into an empty or absent
+        directory, or over an earlier state of the same query; keeps a directory that
+        holds that batch or a newer one; refuses anything else (``ConfigError`` saying
+        what ``overwrite=True`` would discard). The batch the directory holds afterwards,
+        or None when the ring has no batch of this query (the directory is left as it
+        is). ``last_restore`` says what was done."""
         if batch_id is None:
             manifest = newest_manifest(self._client, self.query)
         else:
             manifest = self.manifest(batch_id)
         if manifest is None:
+            log.info("sr3 ring holds no batch of query %s: nothing restored", self.query)
             return None
-        self.last_restore = restore_manifest(
-            self._client, manifest, self.checkpoint_dir, topology, overwrite=overwrite
+        report = restore_manifest(
+            self._client,
+            manifest,
+            self.checkpoint_dir,
+            topology,
+            overwrite=overwrite,
+            requested=batch_id is not None,
         )
-        self._worker.restored(manifest.batch_id)
-        return manifest.batch_id
+        self.last_restore = report
+        self._worker.restored(report.batch_id, on_ring=manifest.batch_id)
+        return report.batch_id

@@ -262,6 +262,12 @@ def sr3(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _not_a_checkpoint(path: Path) -> Path:
+    path.mkdir()
+    (path / "notes.txt").write_text("not a checkpoint")
+    return path
+
+
 def test_retention_keeps_the_newest_batches_and_the_spark_commands_work(
     make_cluster: MakeCluster, tmp_path: Path, rng: random.Random
 ) -> None:
@@ -293,7 +299,9 @@ def test_retention_keeps_the_newest_batches_and_the_spark_commands_work(
     cut = read_cut(source, 19)
     restored = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
     assert restored == sorted(entry.path for entry in cut.files)
-    refused = sr3(cluster, "spark", "restore", "--query", "kept", "--to", str(target))
+    # (Into `target` again it would do nothing: it holds batch 19 of the same query.)
+    foreign = _not_a_checkpoint(tmp_path / "foreign")
+    refused = sr3(cluster, "spark", "restore", "--query", "kept", "--to", str(foreign))
     assert refused.returncode != 0 and "not empty" in refused.stderr
     missing = sr3(cluster, "spark", "restore", "--query", "nothing", "--to", str(tmp_path / "n"))
     assert missing.returncode == 3 and "no state" in missing.stderr
