@@ -20,10 +20,20 @@ import pytest
 from support import chunk_holders
 
 from ring import codec
-from ring.client import Client
+from ring.client import Client, ClientOptions
 from ring.client.options import BLOB_KEY_PREFIX, RecordValue
 from ring.client.records import agreed
-from ring.client.view import HEDGE_DELAY_S_MAX, HEDGE_DELAY_S_MIN, RingView, hedge_delay_s
+from ring.client.view import (
+    HEDGE_DELAY_S_MAX,
+    HEDGE_DELAY_S_MIN,
+    Early,
+    RingTracker,
+    RingView,
+    hedge_delay_s,
+)
+from ring.placement import Member
+from ring.replicas import Hedge, read_from_replicas
+from ring.transport import Response, Transport
 from sr3.local import LocalCluster
 
 T = TypeVar("T")
@@ -137,3 +147,75 @@ def test_a_read_quorum_that_disagrees_at_the_newest_version_is_not_enough() -> N
     assert agreed([one, RecordValue("k", 3, b"a")])
     assert not agreed([one, other])
     assert not agreed([one, RecordValue("k", 3, b"", deleted=True)])
+
+
+class SilentFirst:
+    """A stand-in for the transport: ``silent`` never answers (until cancelled), every
+    other address serves ``stored``."""
+
+    def __init__(self, silent: str, stored: bytes) -> None:
+        self.silent = silent
+        self.stored = stored
+        self.cancelled: list[str] = []
+
+    async def request(self, address: str, method: str, path_qs: str, **_: object) -> Response:
+        if address == self.silent:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(address)
+                raise
+        return Response(200, {}, self.stored)
+
+
+async def test_a_hedged_read_takes_the_next_replica_when_the_first_is_silent() -> None:
+    """Breaks: the first replica of a chunk never answers. Must hold: the walk asks the
+    second after the hedge delay, returns its verified copy, cancels the silent request
+    and names the silent replica as outpaced."""
+    raw = b"gray" * 1000
+    chunk_id, stored = codec.encode(raw)
+    members = [Member("p1", "a:1"), Member("p2", "b:1"), Member("p3", "c:1")]
+    transport = SilentFirst("a:1", stored)
+    outpaced: list[Member] = []
+    read = await asyncio.wait_for(
+        read_from_replicas(
+            transport,  # type: ignore[arg-type]
+            members,
+            chunk_id,
+            check="raw",
+            hedge=Hedge(0.01, 1, time.monotonic, on_outpaced=outpaced.append),
+        ),
+        timeout=5,
+    )
+    assert (read.data, read.holder) == (raw, members[1])
+    assert outpaced == [members[0]] and transport.cancelled == ["a:1"]
+
+
+async def test_a_write_fan_out_returns_at_quorum_and_tracks_the_rest() -> None:
+    """Breaks: one of three replicas holds its write open. Must hold: the fan-out returns
+    once two acknowledged, the third lane goes on in the background (counted), finishes
+    there when the replica answers, and ``aclose`` leaves nothing running."""
+    members = [Member("p1", "a:1"), Member("p2", "b:1"), Member("p3", "c:1")]
+    release = asyncio.Event()
+    view = RingTracker(("a:1",), Transport("x" * 32), ClientOptions(), time.monotonic)
+
+    async def write(member: Member, _hint: Member | None) -> str:
+        if member.peer_id == "p1":
+            await release.wait()
+        return member.peer_id
+
+    result = await asyncio.wait_for(
+        view.fan_out(
+            members,
+            3,
+            write,
+            early=Early(lambda answers, _running: len(answers) >= 2, 0.0, background=True),
+        ),
+        timeout=5,
+    )
+    assert sorted(peer for _member, peer in result.answers) == ["p2", "p3"]
+    assert result.unfinished == 1 and view.background_lanes() == 1
+    release.set()
+    await view.aclose()
+    assert view.background_lanes() == 0
+    assert sorted(peer for _member, peer in result.answers) == ["p1", "p2", "p3"]

@@ -52,6 +52,9 @@ class ClientOptions:
     # replicas agreed; this bounds those that cannot, such as a frozen peer while
     # another is believed down).
     read_attempt_s: float = 2.0
+    # The same for one peer's part of a listing (``list_records``): every record is on R
+    # peers, so a silent one is left out rather than waited for.
+    list_attempt_s: float = 10.0
     # Write lanes still running after their call returned (W acknowledged), per client;
     # past this, more are cancelled and repair restores those copies.
     background_lanes_max: int = 256

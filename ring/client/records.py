@@ -202,7 +202,12 @@ class RecordIO:
             answer = await self._transport.request(member.address, api.RECORDS_LIST.method, path)
             return api.parse_records_list(answer.json())
 
-        result = await self._view.fan_out(view.ring.members, len(view.ring), one)
+        result = await self._view.fan_out(
+            view.ring.members,
+            len(view.ring),
+            one,
+            attempt_s=self._view.options.list_attempt_s,
+        )
         found: dict[str, tuple[int, bool]] = {}
         for _member, entries in result.answers:
             for key, version, deleted in entries:
