@@ -108,6 +108,10 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        """Let write lanes still running past their quorum finish (bounded by the
+        options' ``close_wait_s``; the rest are cancelled and left to hints and repair),
+        then close the connection pool."""
+        await self.view.aclose()
         await self._transport.close()
 
     @property
