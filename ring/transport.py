@@ -11,6 +11,7 @@ exceptions.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -137,7 +138,7 @@ class BodyStream:
         try:
             piece = await self._answer.content.readany()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise PeerUnavailable(self._address, f"{self._what}: {exc!r}") from exc
+            raise PeerUnavailable(self._address, f"{self._what}: {_reason(exc)}") from exc
         if not piece:
             raise StopAsyncIteration
         return piece
@@ -216,7 +217,7 @@ class Transport:
                     payload = await _read_bounded(answer, body_bytes_max, address)
                     response = Response(answer.status, answer.headers, payload)
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise PeerUnavailable(address, f"{method} {path_qs[:60]}: {exc!r}") from exc
+                raise PeerUnavailable(address, f"{method} {path_qs[:60]}: {_reason(exc)}") from exc
             ended = time.perf_counter()
             shared = in_flight.advance(ended) - integral_at_start
         if response.status not in ok:
@@ -285,7 +286,7 @@ class Transport:
             try:
                 answer = await self._open().request(method, url, data=data, headers=headers)
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise PeerUnavailable(address, f"{what}: {exc!r}") from exc
+                raise PeerUnavailable(address, f"{what}: {_reason(exc)}") from exc
             try:
                 if answer.status not in ok:
                     raise _rejection(address, await _read_error(answer, address, what))
@@ -314,10 +315,30 @@ async def _read_error(answer: aiohttp.ClientResponse, address: str, what: str) -
     try:
         payload = await _read_bounded(answer, ERROR_BYTES_MAX, address)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise PeerUnavailable(address, f"{what}: {exc!r}") from exc
+        raise PeerUnavailable(address, f"{what}: {_reason(exc)}") from exc
     except ProtocolError:
         payload = b""
     return Response(answer.status, answer.headers, payload)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a peer could not be reached, in words ("connection refused", "timed out"),
+    not aiohttp's repr of its connection key."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        cause = exc.os_error
+        if isinstance(cause, TimeoutError):
+            return "timed out"
+        if cause.errno:
+            return os.strerror(cause.errno).lower()
+        return (cause.strerror or str(cause) or type(cause).__name__).lower()
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the peer closed the connection"
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _rejection(address: str, response: Response) -> Exception:

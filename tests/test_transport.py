@@ -113,3 +113,21 @@ async def test_a_download_beside_an_open_stream_shares_the_peer(peer: str) -> No
     # Two in flight to the peer throughout the download: timed as if alone, it is half.
     assert len(samples) == 1 and samples[0][0] == BODY_BYTES
     assert samples[0][1] <= elapsed * 0.6
+
+
+async def test_an_unreachable_peer_is_named_with_a_reason_in_words() -> None:
+    """aiohttp's errors are translated where they enter: the message says "connection
+    refused", not the repr of aiohttp's connection key."""
+    from ring.errors import PeerUnavailable
+    from sr3.local import pick_port
+
+    port = pick_port(["127.0.0.1"], 24500)  # free: nothing listens there
+    transport = Transport("s" * 32)
+    try:
+        with pytest.raises(PeerUnavailable) as caught:
+            await transport.request(f"127.0.0.1:{port}", "GET", "/v1/info")
+    finally:
+        await transport.close()
+    message = str(caught.value)
+    assert message.endswith("connection refused"), message
+    assert "ClientConnector" not in message and "ConnectionKey" not in message
