@@ -13,6 +13,7 @@ replica silent past the hedge delay does not hold it, the next one is asked too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -222,7 +223,10 @@ class ChunkIO:
                 await asyncio.to_thread(os.fsync, handle.fileno())
             os.replace(tmp, path)
         finally:
-            tmp.unlink(missing_ok=True)
+            # Cleanup must not raise a second error over the first: a target under a
+            # file (ENOTDIR) fails the open and the unlink alike.
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                tmp.unlink()
 
 
 def _build_chunk(plan: ChunkPlan, sources: Sequence[Source], hashers: list[Any]) -> bytes:
