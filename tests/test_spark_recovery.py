@@ -14,6 +14,10 @@ flight, after every chunk is stored but before the manifest, and after the manif
 before the ``latest`` pointer. What must hold: every manifest on the ring names only
 chunks that are on a write quorum of peers and readable; ``latest`` names a manifest that
 is there; the next push completes and its restore is the batch Spark committed.
+
+What the restart test breaks: a query restarts with ``restore()`` on its intact
+checkpoint, and another query reuses its name. What must hold: the first keeps its
+checkpoint and resumes as if never stopped; the second is refused, both query ids named.
 """
 
 from __future__ import annotations
@@ -480,6 +484,51 @@ def test_transform_with_state_in_pandas_recovers_into_another_directory(
 
 
 # -------------------------------------------------------------- pushing on every commit
+
+
+@pytest.mark.timeout(240)
+def test_a_restart_on_its_intact_checkpoint_restores_nothing_and_another_run_is_refused(
+    spark: Any, make_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    """What it breaks: a query restarts the documented way (``restore()`` before
+    ``start()``) on its intact checkpoint; another query started under the same name on
+    its own checkpoint restarts the same way. What must hold: the first restore keeps the
+    checkpoint and the query resumes after its newest batch with the output of an
+    uninterrupted run; the second is refused with both Spark query ids named."""
+    from ring.errors import ConfigError
+
+    cluster = make_cluster(3)
+    inputs, original = tmp_path / "in", (tmp_path / "original").resolve()
+    for index in range(FIRST_RUN_FILES):
+        AGGREGATION.write_input(inputs, index)
+    with StateSync(cluster.ring, "restarted", original, cluster.secret) as sync:
+        first = run(spark, AGGREGATION, inputs, original, "hdfs", sync)
+        sync.flush(timeout_s=PUSH_TIMEOUT_S)
+    batch = push_newest(cluster, "restarted", original)
+    with StateSync(cluster.ring, "restarted", original, cluster.secret) as restarted:
+        assert restarted.restore() == batch
+        assert restarted.last_restore is not None
+        assert restarted.last_restore.action == "kept-local"
+    for index in range(FIRST_RUN_FILES, ALL_FILES):
+        AGGREGATION.write_input(inputs, index)
+    second = run(spark, AGGREGATION, inputs, original, "hdfs")
+    assert second and min(second) == batch + 1, f"resumed at {sorted(second)}, not {batch + 1}"
+    uninterrupted = run(spark, AGGREGATION, inputs, tmp_path / "uninterrupted", "hdfs")
+    resumed = [row for rows in (*first.values(), *second.values()) for row in rows]
+    assert sorted(resumed) == sorted(row for rows in uninterrupted.values() for row in rows)
+
+    other_inputs, other = tmp_path / "other-in", (tmp_path / "other").resolve()
+    AGGREGATION.write_input(other_inputs, 0)
+    run(spark, AGGREGATION, other_inputs, other, "hdfs")
+    with (
+        StateSync(cluster.ring, "restarted", other, cluster.secret) as reused,
+        pytest.raises(ConfigError) as refused,
+    ):
+        reused.restore()
+    for checkpoint in (original, other):
+        query_id = json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"]
+        assert query_id in str(refused.value), str(refused.value)
+    assert "overwrite=True discards" in str(refused.value)
 
 
 def termination_watch(query_id: str) -> Any:
