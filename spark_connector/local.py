@@ -55,7 +55,7 @@ class LocalCheckpoint:
         return self.batches[-1] if self.batches else None
 
     def describe(self) -> str:
-        """``12 files, batches 3..7, query id X`` for messages."""
+        """``12 files, batches 3..7, query id X``, for messages."""
         if not self.batches:
             batches = "no committed batch"
         elif len(self.batches) == 1:
@@ -63,7 +63,8 @@ class LocalCheckpoint:
         else:
             batches = f"batches {self.batches[0]}..{self.batches[-1]}"
         query_id = self.query_id or "unknown"
-        return f"{self.files} files, {batches}, query id {query_id}"
+        files = f"{self.files} file" + ("" if self.files == 1 else "s")
+        return f"{files}, {batches}, query id {query_id}"
 
 
 def inspect_local(root: Path) -> LocalCheckpoint:

@@ -332,7 +332,7 @@ def test_restore_refuses_another_run_or_a_fork_and_overwrite_says_what_it_discar
         assert why in message, message
         assert str(target.resolve()) in message and "on the ring: batch 20" in message, message
         assert "overwrite=True discards the local checkpoint" in message, message
-        assert f"{len(before)} files" in message, message
+        assert f"({len(before)} file" in message, message
         assert _snapshot(target) == before, f"a refused restore changed {target}"
     assert "Here: no committed batch" in message
     assert "batches 16..19" in str(_refusal(ring, query, other)), "the discarded batches"
