@@ -11,8 +11,10 @@ The facade a Spark driver uses; it holds the ring client and composes the parts:
   ``throttle(max_lag_batches)`` called at the start of ``foreachBatch`` holds the query
   back while pushing is more than that many batches behind (a query that must not
   outrun its recovery point);
-- ``restore()`` fetches the newest (or a given) manifest along a recovery topology into
-  the checkpoint directory (``spark_connector.restore``);
+- ``restore()``, the call to make before every start, brings the checkpoint directory to
+  the newest (or a given) batch: it fetches the manifest along a recovery topology into
+  an empty directory or over an earlier state of the same query, keeps a directory that
+  holds that batch or a newer one, and refuses another run's (``spark_connector.restore``);
 - ``forget``, ``batches`` and ``latest_batch`` read and trim what the ring holds of the
   query (``spark_connector.catalog``).
 """
@@ -98,7 +100,7 @@ class StateSync:
         )
         self._listener: Any = None
         self._spark_streams: Any = None
-        # What the last restore() fetched: files, bytes, and the recovery's figures.
+        # What the last restore() did (restored or kept), and the recovery's figures.
         self.last_restore: RestoreReport | None = None
 
     @property
