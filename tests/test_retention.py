@@ -299,7 +299,11 @@ def test_retention_keeps_the_newest_batches_and_the_spark_commands_work(
     cut = read_cut(source, 19)
     restored = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
     assert restored == sorted(entry.path for entry in cut.files)
-    # (Into `target` again it would do nothing: it holds batch 19 of the same query.)
+    # Into `target` again it does nothing: it holds batch 19 of the same query.
+    again = sr3(cluster, "spark", "restore", "--query", "kept", "--to", str(target),
+                "--batch", "19")  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(f"kept {target}: it holds batch 19 of kept"), again.stdout
     foreign = _not_a_checkpoint(tmp_path / "foreign")
     refused = sr3(cluster, "spark", "restore", "--query", "kept", "--to", str(foreign))
     assert refused.returncode != 0 and "not empty" in refused.stderr

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ring.errors import SR3Error
 from ring.sync_client import SyncClient
 from sr3.cli._shared import describe_error, fail, fail_cleanly, ring_options, ring_settings
+
+if TYPE_CHECKING:
+    from spark_connector.restore import RestoreReport
 
 
 @click.group()
@@ -74,11 +78,24 @@ def spark_restore(
     if restored is None or report is None:
         click.echo(f"the ring has no state of query {query!r}", err=True)
         sys.exit(3)
+    click.echo(_restore_line(query, sync.checkpoint_dir, restored, report))
+
+
+def _restore_line(query: str, target: Path, restored: int, report: RestoreReport) -> str:
+    """What ``sr3 spark restore`` did, in one line: kept the local checkpoint, or
+    restored a batch (and where the ring's batch came from)."""
+    origin = f", pushed {report.origin}" if report.origin else ""
+    if report.action == "kept-local":
+        return (
+            f"kept {target}: it holds batch {restored} of {query}; the ring's newest is "
+            f"{report.ring_batch_id}{origin}; nothing to restore"
+        )
     recovery = report.recovery
-    click.echo(
-        f"restored batch {restored} of {query} into {sync.checkpoint_dir}: {report.files} "
-        f"files, {report.bytes_total} bytes, {recovery.topology} in {recovery.seconds:.2f} s"
+    return (
+        f"restored batch {restored} of {query} into {target}: {report.files} files, "
+        f"{report.bytes_total} bytes, {recovery.topology} in {recovery.seconds:.2f} s"
         + (f" ({recovery.reason})" if recovery.reason else "")
+        + origin
     )
 
 
