@@ -47,17 +47,26 @@ numbers of bounded length and no NaN or Infinity. Malformed input is a ``Protoco
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
 from urllib.parse import quote
 
 from ring import codec
 from ring.errors import ProtocolError
 from ring.membership import MEMBERS_MAX, Entry
+from ring.parse import (
+    JSON_BYTES_MAX,
+    JSON_DEPTH_MAX,
+    JSON_INT_MAX,
+    QUERY_INT_MAX,
+    json_int,
+    load_json,
+    parse_ascii_int,
+    parse_flag,
+    parse_int,
+    parse_json_object,
+)
 
 __all__ = [
     "ADMIN_KILL",
@@ -203,18 +212,10 @@ HEADER_LINE_BYTES_MAX = 8190
 HEADERS_MAX = 64
 # A hinted write's peer id, in bytes of UTF-8.
 HINT_BYTES_MAX = 128
-# Digits of an integer query parameter: anything longer is refused before ``int()``.
-INT_DIGITS_MAX = 18
-QUERY_INT_MAX = 10**INT_DIGITS_MAX - 1
 # Record versions (and member epochs and heartbeats) stay below 2**53, so every JSON
 # reader (Java, JavaScript) holds them exactly and a version a replica stores can always
 # be named as the expected version of the next write.
-VERSION_MAX = 2**53 - 1
-# A JSON body or answer: its size, its nesting, and the digits of any number in it.
-JSON_BYTES_MAX = 16 * 1024 * 1024
-JSON_DEPTH_MAX = 32
-JSON_NUMBER_CHARS_MAX = 32
-_DIGITS = frozenset("0123456789")
+VERSION_MAX = JSON_INT_MAX
 
 
 def _quote(text: str) -> str:
@@ -250,107 +251,7 @@ def records_list_path(prefix: str, limit: int, *, include_deleted: bool) -> str:
     return f"/v1/records?prefix={_quote(prefix)}&limit={limit}&deleted={int(include_deleted)}"
 
 
-# -- query parameters and JSON bodies (peer side) ---------------------------------------
-
-
-def parse_ascii_int(text: str, name: str, maximum: int) -> int:
-    """``text`` as an integer in ``0..maximum``: ASCII digits only (``str.isdigit`` and
-    ``int`` also take "²" or fullwidth digits), at most as many as ``maximum`` has."""
-    if not text or len(text) > len(str(maximum)) or not _DIGITS.issuperset(text):
-        raise ProtocolError(f"{name} must be a non-negative integer of ASCII digits")
-    value = int(text)
-    if value > maximum:
-        raise ProtocolError(f"{name} must be at most {maximum}")
-    return value
-
-
-def parse_int(raw: str | None, name: str, default: int | None, maximum: int = QUERY_INT_MAX) -> int:
-    """A non-negative integer query parameter; ``default`` when absent (None: required)."""
-    if raw is None:
-        if default is None:
-            raise ProtocolError(f"query parameter {name!r} is required")
-        return default
-    return parse_ascii_int(raw, f"query parameter {name!r}", maximum)
-
-
-def json_int(value: Any, name: str, maximum: int = VERSION_MAX) -> int:
-    """A JSON number that must be an integer in ``0..maximum`` (not a bool, not a float)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
-        raise ProtocolError(f"{name} must be an integer between 0 and {maximum}")
-    return value
-
-
-def parse_flag(raw: str | None, name: str) -> bool:
-    """An optional 0/1 query parameter (absent: 0)."""
-    if raw is None:
-        return False
-    if raw not in ("0", "1"):
-        raise ProtocolError(f"query parameter {name!r} must be 0 or 1")
-    return raw == "1"
-
-
-def _json_depth(body: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` outside strings, read from the bytes without
-    recursion (an upper bound where the JSON is malformed)."""
-    # Escape pairs first (a run of backslashes pairs up from its left), so that every
-    # quote left delimits a string; then the brackets between strings.
-    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside = b"".join(unescaped.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
-    return max(accumulate(map(_BRACKET_STEPS.__getitem__, outside), initial=0))
-
-
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_BRACKET_STEPS = tuple(1 if b in b"[{" else -1 for b in range(256))
-
-
-def _json_number(text: str) -> str:
-    if len(text) > JSON_NUMBER_CHARS_MAX:
-        raise ProtocolError(f"a JSON number of {len(text)} characters is too long")
-    return text
-
-
-def _json_int(text: str) -> int:
-    return int(_json_number(text))
-
-
-def _json_float(text: str) -> float:
-    value = float(_json_number(text))
-    if not math.isfinite(value):
-        raise ProtocolError(f"the JSON number {text} is out of range")
-    return value
-
-
-def _json_constant(text: str) -> Any:
-    raise ProtocolError(f"{text} is not a JSON number")
-
-
-def load_json(
-    body: bytes, *, bytes_max: int = JSON_BYTES_MAX, depth_max: int = JSON_DEPTH_MAX
-) -> Any:
-    """Parse a JSON body, bounded before and while parsing: at most ``bytes_max`` bytes
-    of UTF-8, nested at most ``depth_max`` deep, numbers of at most
-    ``JSON_NUMBER_CHARS_MAX`` characters and finite (no NaN, no Infinity)."""
-    if len(body) > bytes_max:
-        raise ProtocolError(f"a JSON body of {len(body)} bytes is above {bytes_max}")
-    depth = _json_depth(body)
-    if depth > depth_max:
-        raise ProtocolError(f"a JSON body nested {depth} deep is above {depth_max}")
-    try:
-        return json.loads(
-            body.decode("utf-8"),
-            parse_int=_json_int,
-            parse_float=_json_float,
-            parse_constant=_json_constant,
-        )
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError(f"body is not valid JSON: {exc}") from exc
-
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    parsed = load_json(body)
-    if not isinstance(parsed, dict):
-        raise ProtocolError("request body must be a JSON object")
-    return parsed
+# -- query parameters (peer side) -------------------------------------------------------
 
 
 def parse_hint(raw: str | None) -> str | None:
