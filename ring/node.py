@@ -11,12 +11,13 @@ that take its place (``ring.handover``), then tells the ring it left.
 A full disk does not stop a peer (``ring.files``): ``members.json`` and ``peer.json``
 are saved best effort, kept in memory while the disk is full and saved by a retry loop
 (every ``SAVE_RETRY_INTERVAL_S``) or on the next member change once there is room. A
-peer that starts on a full disk cannot save its next epoch; it runs with
-``max(saved epoch + 1, wall-clock seconds)`` instead and saves that once it can. The
-wall clock keeps the epoch growing across several restarts while the disk stays full
-(so the ring still takes each restart's entries over the previous life's); only two
-such restarts within one second, or a wall clock stepped back, would reuse an epoch, and
-then the ring sees the restarted peer ``down`` until its heartbeat catches up.
+peer's epoch is ``max(saved epoch + 1, wall-clock milliseconds)`` on every start, saved
+once it can be. The wall clock keeps the epoch growing across restarts even when one
+could not be saved (a start on a full disk, then a stop before the retry saved it):
+were it only ``saved + 1``, the next life's epoch would fall below the unsaved one that
+other peers hold, and they would ignore it until they removed the peer. Only a wall
+clock stepped back past an unsaved epoch would reuse one; then the ring sees the peer
+``down`` until its heartbeat catches up.
 """
 
 from __future__ import annotations
@@ -87,14 +88,11 @@ def _identity(peer_id: str, epoch: int) -> bytes:
 def _next_epoch(identity: PendingWrite, peer_id: str, wall_clock: Callable[[], float]) -> int:
     """Bump and durably write this data folder's epoch. On a full disk: the fallback of
     the module docstring, left pending in ``identity`` for the retry loop."""
-    epoch = _saved_epoch(identity.path, peer_id) + 1
+    epoch = max(_saved_epoch(identity.path, peer_id) + 1, int(wall_clock() * 1000))
     identity.set(_identity(peer_id, epoch))
-    if identity.flush():
-        return epoch
-    fallback = max(epoch, int(wall_clock()))
-    identity.set(_identity(peer_id, fallback))
-    log.warning("running with unsaved epoch %d (saved epoch + 1 is %d)", fallback, epoch)
-    return fallback
+    if not identity.flush():
+        log.warning("running with unsaved epoch %d until there is room to save it", epoch)
+    return epoch
 
 
 def _load_members(path: Path) -> list[Entry]:
@@ -318,7 +316,15 @@ class Node:
 
     def leave_refused(self) -> str | None:
         """Why this peer cannot start leaving now (fewer than R peers would remain)."""
-        others = [m for m in self.table.placement() if m.peer_id != self.config.peer_id]
+        # Peers that are up now: a down member cannot take a copy. (Two leaves racing
+        # before gossip tells them of each other are kept safe by repair's plan, which
+        # deletes an extra copy only once R live preference members hold it.)
+        states = self.table.states()
+        others = [
+            m
+            for m in self.table.placement()
+            if m.peer_id != self.config.peer_id and states.get(m.peer_id) == "up"
+        ]
         if self.handover.progress.state in ("handing_over", "done"):
             return None
         if len(others) < self.config.replication:

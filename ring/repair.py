@@ -129,6 +129,10 @@ class Repairer:
         report = RoundReport(started_at=self._wall_clock())
         ring = self.ring()
         live = set(self.table.live())
+        if self.table.liveness(self.me) == "leaving":
+            # A leaving peer is out of placement but still coordinates copies only it
+            # holds: without this nobody pushes them (the extras rule picks live peers).
+            live.add(self.me)
         members = {member.peer_id: member for member in ring.members}
         await self._deliver_hints(members, live, report)
         await self._repair_chunks(ring, members, live, report)
@@ -299,7 +303,9 @@ class Repairer:
         for key in keys:
             if versions[key][self.me] <= 0:
                 continue
-            action = plan_record(self.me, preference[key], versions[key], live)
+            action = plan_record(
+                self.me, preference[key], versions[key], live, self.settings.replication
+            )
             report.records_under_replicated += bool(action.push_to)
             for peer_id in action.push_to:
                 await self._push_record(key, members[peer_id], report)

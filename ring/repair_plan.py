@@ -54,7 +54,12 @@ def plan_chunk(
         extras = sorted(peer for peer in holders if peer not in preference and peer in live)
         coordinator = bool(extras) and extras[0] == me
         return ChunkAction(missing if coordinator else (), False, coordinator, coordinator)
-    complete = all(peer in live and peer in holders for peer in preference)
+    # An extra copy goes only once R live preference members hold the chunk: with fewer
+    # than R members in placement (two peers leaving at once, a removal mid-hand-over)
+    # the preference list is short, and "all of it" would be fewer than R copies.
+    complete = len(preference) >= replication and all(
+        peer in live and peer in holders for peer in preference
+    )
     return ChunkAction((), complete, False, False)
 
 
@@ -69,6 +74,7 @@ def plan_record(
     preference: Sequence[str],
     versions: Mapping[str, int],
     live: Collection[str],
+    replication: int,
 ) -> RecordAction:
     """Decide for a record ``me`` holds; ``versions`` maps peers to the version they hold
     (absent or 0: none). Records are tiny, so every holder of the newest version pushes
@@ -83,5 +89,7 @@ def plan_record(
     push = behind if mine == newest else ()
     if me in preference:
         return RecordAction(push, False)
-    caught_up = all(peer in live and versions.get(peer, 0) >= mine for peer in preference)
+    caught_up = len(preference) >= replication and all(
+        peer in live and versions.get(peer, 0) >= mine for peer in preference
+    )
     return RecordAction(push, caught_up)

@@ -276,12 +276,12 @@ def test_pending_write_keeps_the_newest_and_warns_once_per_episode(
     assert "saved the member table after 3 failed attempts" in caplog.text
 
 
-@pytest.mark.parametrize(("wall_s", "epoch"), [(1_000.0, 1_000), (3.0, 8)])
+@pytest.mark.parametrize(("wall_s", "epoch"), [(1.0, 1_000), (0.003, 8)])
 def test_a_start_on_a_full_disk_still_grows_the_epoch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wall_s: float, epoch: int
 ) -> None:
     """Breaks: peer.json cannot be written at start. Must hold: the peer starts with an
-    epoch above the saved one (the wall clock's seconds when larger, so that several
+    epoch above the saved one (the wall clock's milliseconds when larger, so that several
     restarts on a full disk still grow it) and saves it once there is room."""
     (tmp_path / "tmp").mkdir()
     identity = PendingWrite(tmp_path / "tmp", tmp_path / "peer.json", "the peer identity")
@@ -294,3 +294,21 @@ def test_a_start_on_a_full_disk_still_grows_the_epoch(
     assert identity.flush()
     assert saved_epoch(tmp_path) == epoch
     assert _next_epoch(identity, "p1", lambda: wall_s) == epoch + 1
+
+
+def test_an_unsaved_epoch_is_never_followed_by_a_lower_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaks: a start on a full disk runs with an epoch it cannot save, and the peer is
+    stopped before the retry saves it. Must hold: the next start, with room, still takes
+    a larger epoch (other peers hold the unsaved one and ignore anything below it)."""
+    (tmp_path / "tmp").mkdir()
+    identity = PendingWrite(tmp_path / "tmp", tmp_path / "peer.json", "the peer identity")
+    (tmp_path / "peer.json").write_text(json.dumps({"peer_id": "p1", "epoch": 7}))
+    disk = Disk(monkeypatch)
+    disk.full = True
+    unsaved = _next_epoch(identity, "p1", lambda: 2.0)
+    assert saved_epoch(tmp_path) == 7
+    disk.full = False  # space freed while the peer was stopped; a new life starts
+    fresh = PendingWrite(tmp_path / "tmp", tmp_path / "peer.json", "the peer identity")
+    assert _next_epoch(fresh, "p1", lambda: 2.5) > unsaved

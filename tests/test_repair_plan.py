@@ -91,9 +91,30 @@ def test_only_extra_holders_push_when_no_preference_member_has_it() -> None:
 def test_records_are_pushed_by_newest_holders_and_extras_drop_when_caught_up() -> None:
     preference = ["a", "b", "c"]
     live = {"a", "b", "c", "x"}
-    assert plan_record("a", preference, {"a": 3, "b": 2, "c": 0}, live).push_to == ("b", "c")
-    assert plan_record("b", preference, {"a": 3, "b": 2}, live).push_to == ()
-    extra = plan_record("x", preference, {"x": 3, "a": 3, "b": 3, "c": 3}, live)
+    assert plan_record("a", preference, {"a": 3, "b": 2, "c": 0}, live, 3).push_to == ("b", "c")
+    assert plan_record("b", preference, {"a": 3, "b": 2}, live, 3).push_to == ()
+    extra = plan_record("x", preference, {"x": 3, "a": 3, "b": 3, "c": 3}, live, 3)
     assert extra.delete_local and extra.push_to == ()
-    behind = plan_record("x", preference, {"x": 3, "a": 3, "b": 3}, live)
+    behind = plan_record("x", preference, {"x": 3, "a": 3, "b": 3}, live, 3)
     assert not behind.delete_local and behind.push_to == ("c",)
+
+
+def test_an_extra_copy_stays_while_placement_is_shorter_than_r() -> None:
+    """Two peers leaving at once (or a removal mid-hand-over) leave fewer than R members
+    in placement: a preference list of two is not R copies, so the leaver keeps its copy."""
+    short = ("a", "b")
+    live = {"a", "b", "x"}
+    assert not plan_chunk("x", short, {"a", "b", "x"}, live, 3).delete_local
+    assert not plan_record("x", short, {"x": 3, "a": 3, "b": 3}, live, 3).delete_local
+    full = ("a", "b", "c")
+    live_full = {"a", "b", "c", "x"}
+    assert plan_chunk("x", full, {"a", "b", "c", "x"}, live_full, 3).delete_local
+    assert plan_record("x", full, {"x": 3, "a": 3, "b": 3, "c": 3}, live_full, 3).delete_local
+
+
+def test_a_leaver_coordinates_a_chunk_only_it_holds() -> None:
+    """The leaver is out of placement; when it is the only holder it must push the chunk
+    (it counts itself live while leaving), else nobody would."""
+    preference = ("a", "b", "c")
+    action = plan_chunk("x", preference, {"x"}, {"a", "b", "c", "x"}, 3)
+    assert action.push_to == ("a", "b", "c")
