@@ -197,8 +197,9 @@ class ChunkStore:
         size = self._index.get(chunk_id)
         if size is None or self._last_stored.get(chunk_id, float("-inf")) > idle_before:
             return None
-        with contextlib.suppress(FileNotFoundError):
-            # On a disk too full for the move the file is removed at once instead.
+        with contextlib.suppress(FileNotFoundError, StorageFull):
+            # On a disk too full for the move the file is removed at once instead; on a
+            # read-only one it stays, forgotten until the next start indexes it again.
             move_or_remove(self._path(chunk_id), self._tmp_dir / f"{TRASH_PREFIX}{chunk_id}")
         self._forget(chunk_id)
         return size
@@ -206,7 +207,8 @@ class ChunkStore:
     async def empty_trash(self) -> None:
         def empty() -> None:
             for entry in self._tmp_dir.glob(f"{TRASH_PREFIX}*"):
-                entry.unlink(missing_ok=True)
+                with storage_full("emptying the trash"):
+                    entry.unlink(missing_ok=True)
 
         async with self._io:
             await asyncio.to_thread(empty)
@@ -215,7 +217,9 @@ class ChunkStore:
         log.error("chunk %s is corrupt and was quarantined: %s", chunk_id, reason)
         target = self._quarantine_dir / f"{chunk_id}.{secrets.token_hex(4)}"
         async with self._io:
-            with contextlib.suppress(FileNotFoundError):
+            # Read-only: the corrupt file stays, forgotten (never served: every read
+            # verifies, and the next start indexes and checks it again).
+            with contextlib.suppress(FileNotFoundError, StorageFull):
                 await asyncio.to_thread(move_or_remove, self._path(chunk_id), target)
         self._forget(chunk_id)
         self._quarantined += 1

@@ -32,6 +32,7 @@ from ring.errors import StorageFull
 __all__ = [
     "NO_ROOM_ERRNOS",
     "PendingWrite",
+    "discard",
     "file_digest",
     "fsync_dir",
     "move_or_remove",
@@ -86,7 +87,7 @@ def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:
             os.replace(tmp, final)
             fsync_dir(final.parent)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         raise
 
 
@@ -100,9 +101,18 @@ def move_or_remove(source: Path, target: Path) -> bool:
             os.replace(source, target)
     except StorageFull as exc:
         log.warning("%s: removing %s instead", exc, source)
-        source.unlink()
+        with storage_full(f"removing {source.name}"):
+            source.unlink()
         return False
     return True
+
+
+def discard(path: Path) -> None:
+    """Remove a temp file if it is there, as cleanup after a failure: never raises (on a
+    read-only file system even the unlink of a missing file fails, with EROFS, and that
+    must not replace the error being handled)."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
 
 
 class PendingWrite:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ring import codec
 from ring.errors import StorageFull
-from ring.files import fsync_dir, storage_full
+from ring.files import discard, fsync_dir, storage_full
 
 __all__ = ["HINTS_MAX", "HintStore"]
 
@@ -73,7 +73,7 @@ class HintStore:
                 path.touch()
                 fsync_dir(path.parent)
         except StorageFull:
-            path.unlink(missing_ok=True)
+            discard(path)
             raise
 
     async def remove(self, chunk_id: str, peer_id: str) -> None:

@@ -84,9 +84,9 @@ class Entry:
             raise ProtocolError("a member entry is a JSON object")
         try:
             entry = cls(
-                peer_id=_text(data["peer_id"], "peer_id", _ID_CHARS_MAX),
+                peer_id=_name(data["peer_id"], "peer_id", empty=False),
                 address=_address(data["address"]),
-                zone=_text(data.get("zone", ""), "zone", _ID_CHARS_MAX, empty=True),
+                zone=_name(data.get("zone", ""), "zone", empty=True),
                 status=_text(data["status"], "status", _ID_CHARS_MAX),
                 epoch=_counter(data["epoch"], "epoch"),
                 heartbeat=_counter(data["heartbeat"], "heartbeat"),
@@ -102,6 +102,16 @@ def _text(value: Any, name: str, chars_max: int, *, empty: bool = False) -> str:
     if not isinstance(value, str) or not (0 if empty else 1) <= len(value) <= chars_max:
         raise ProtocolError(f"a member entry's {name} is a string of at most {chars_max}")
     return value
+
+
+def _name(value: Any, name: str, *, empty: bool) -> str:
+    """A peer id or zone: printable ASCII without spaces. Ids are hashed onto the ring
+    (``.encode()``) and named in file names and logs; a lone surrogate or a control
+    character gossiped once would break placement on every peer that learned it."""
+    text = _text(value, name, _ID_CHARS_MAX, empty=empty)
+    if not (text.isascii() and text.isprintable()) or " " in text:
+        raise ProtocolError(f"a member entry's {name} is printable ASCII without spaces")
+    return text
 
 
 def _address(value: Any) -> str:

@@ -355,3 +355,14 @@ def test_parse_hint_takes_a_printable_peer_id_that_fits_a_file_name() -> None:
     for raw in ("", "\u20ac" * 43, "x" * 129, "a\x00b", "a\nb", "\udcff"):
         with pytest.raises(ProtocolError):
             api.parse_hint(raw)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("peer_id", "\ud800x"), ("peer_id", "peer 1"), ("peer_id", "p\x00"), ("zone", "z\u2028")],
+)
+def test_a_member_entry_names_peers_and_zones_in_printable_ascii(field: str, value: str) -> None:
+    """A lone surrogate in a gossiped peer id made ``Ring.build`` raise on every peer
+    that learned it (ids are hashed with ``.encode()``)."""
+    with pytest.raises(ProtocolError):
+        api.parse_member_table({"members": [{**GOSSIP_ENTRY, field: value}]})

@@ -36,7 +36,7 @@ from support import Answer, HttpProbe, next_base_port
 from ring import codec
 from ring.api import record_envelope
 from ring.errors import StorageFull
-from ring.files import PendingWrite, write_file_atomic
+from ring.files import PendingWrite, move_or_remove, write_file_atomic
 from ring.node import SAVE_RETRY_INTERVAL_S, _next_epoch
 from sr3.local import LocalCluster
 
@@ -312,3 +312,25 @@ def test_an_unsaved_epoch_is_never_followed_by_a_lower_one(
     disk.full = False  # space freed while the peer was stopped; a new life starts
     fresh = PendingWrite(tmp_path / "tmp", tmp_path / "peer.json", "the peer identity")
     assert _next_epoch(fresh, "p1", lambda: 2.5) > unsaved
+
+
+def test_a_read_only_disk_is_storage_full_and_cleanup_raises_nothing_else(tmp_path: Path) -> None:
+    """Breaks: the data folder is remounted read-only (ext4 errors=remount-ro). Must
+    hold: every write says StorageFull (a peer answers 507 and its loops go on), not the
+    EROFS that even the cleanup's unlink of a missing temp file raises there."""
+    with small_disk(tmp_path / "disk") as disk:
+        (disk / "tmp").mkdir()
+        (disk / "kept").write_bytes(b"kept")
+        remounted = subprocess.run(
+            ["mount", "-o", "remount,ro", str(disk)], capture_output=True, text=True, check=False
+        )
+        if remounted.returncode != 0:
+            pytest.skip(f"cannot remount read-only: {remounted.stderr.strip()}")
+        with pytest.raises(StorageFull):
+            write_file_atomic(disk / "tmp", disk / "new", b"data")
+        with pytest.raises(StorageFull):
+            move_or_remove(disk / "kept", disk / "tmp" / "aside")
+        saved = PendingWrite(disk / "tmp", disk / "members.json", "the member table")
+        saved.set(b"{}")
+        assert not saved.flush()
+        assert (disk / "kept").read_bytes() == b"kept"
