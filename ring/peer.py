@@ -56,8 +56,14 @@ def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
     return web.json_response(api.error_body(code, message, **extra), status=status)
 
 
+class _Leaving(SR3Error):
+    """A write reached a peer that is leaving the ring (503: try another replica)."""
+
+
 def _translate(exc: Exception) -> web.Response:
     """Map an exception raised while handling a request to its HTTP answer."""
+    if isinstance(exc, _Leaving):
+        return _error(503, "leaving", str(exc))
     if isinstance(exc, RecordConflict):
         return _error(409, "version_conflict", str(exc), current_version=exc.current)
     if isinstance(exc, ChunkTooLarge):
@@ -304,7 +310,18 @@ class Peer:
             raise ProtocolError("a chunk id is 32 lowercase hex digits")
         return chunk_id
 
+    def _leaving(self) -> bool:
+        """From a leave request until exit (unless the hand-over gave up): this peer
+        takes no new data and confirms no copy, so nothing lands here after its last
+        count and no other peer drops a copy on the strength of one about to go."""
+        return self.node.leaving.is_set() or self.node.handover.progress.state == "done"
+
+    def _refuse_if_leaving(self) -> None:
+        if self._leaving():
+            raise _Leaving(f"{self.config.peer_id} is leaving the ring: write elsewhere")
+
     async def put_chunk(self, request: web.Request) -> web.Response:
+        self._refuse_if_leaving()
         chunk_id = self._chunk_id(request)
         hint = api.parse_hint(request.query.get("hint"))
         stored = await request.read()
@@ -343,7 +360,8 @@ class Peer:
 
     async def chunks_exist(self, request: web.Request) -> web.Response:
         ids, with_sizes = api.parse_exists_request(await request.read())
-        present = [item for item in ids if self.chunks.has(item)]
+        held = not self._leaving()
+        present = [item for item in ids if held and self.chunks.has(item)]
         answer: dict[str, Any] = {"present": present}
         if with_sizes:
             sizes = {item: self.chunks.stored_size(item) for item in present}
@@ -369,7 +387,8 @@ class Peer:
 
     async def record_versions(self, request: web.Request) -> web.Response:
         keys = api.parse_keys_request(await request.read())
-        versions = {validate_key(key): self.records.version(key) for key in keys}
+        held = not self._leaving()
+        versions = {validate_key(key): self.records.version(key) if held else 0 for key in keys}
         return web.json_response({"versions": versions})
 
     async def get_record(self, request: web.Request) -> web.Response:
@@ -389,6 +408,7 @@ class Peer:
         )
 
     async def put_record(self, request: web.Request) -> web.Response:
+        self._refuse_if_leaving()
         key = validate_key(request.match_info["key"])
         refs_count = _int_query(request, "refs", 0)
         value, refs = api.split_record_envelope(await request.read(), refs_count)
@@ -403,6 +423,7 @@ class Peer:
         return web.json_response({"key": key, "version": record.version}, status=201)
 
     async def delete_record(self, request: web.Request) -> web.Response:
+        self._refuse_if_leaving()
         key = validate_key(request.match_info["key"])
         expected = _int_query(request, "expected_version", None, api.VERSION_MAX)
         record = await self.records.delete(key, expected)

@@ -213,3 +213,40 @@ def test_leave_summary_says_what_moved() -> None:
         "peer-3 has left the ring: handed over 154 chunks (3.0 MiB) and 12 records; "
         "every one is on 3 peers without it"
     )
+
+
+@pytest.mark.slow
+async def test_a_leaving_peer_takes_no_writes_and_confirms_no_copy(
+    make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Breaks: a client with a stale view writes to a peer that is handing its data over,
+    and another peer asks it which copies it holds.
+    Must hold: writes are refused (503 "leaving": nothing lands after its last count) and
+    it confirms no chunk or record (no other peer drops a copy on the strength of one
+    about to go); reads of what it holds still work."""
+    cluster = make_cluster(5, peer_flags=PEER_FLAGS)
+    options = ClientOptions(chunk_bytes=CHUNK_BYTES, pack_below_bytes=0)
+    async with Client(cluster.ring, cluster.secret, options=options) as client:
+        values, chunk_ids = await _store(client, rng)
+        leaver = rng.choice([peer.peer_id for peer in cluster.cluster.peers])
+        address = cluster.peer(leaver).address
+        held = sorted(_stored_chunk_ids(cluster, leaver) & chunk_ids)
+        await client.admin.leave(leaver, wait=False)
+    chunk_id, stored = codec.encode(rng.randbytes(1000))
+    async with HttpProbe(cluster.secret) as probe:
+        put = await probe.signed(address, "PUT", api.chunk_path(chunk_id), body=stored)
+        assert put.status == 503 and put.json()["error"] == "leaving", put
+        record = await probe.signed(
+            address, "PUT", api.record_cas_path("leave/new", 0, 0), body=b"value"
+        )
+        assert record.status == 503, record
+        exists = await probe.signed(
+            address, "POST", api.CHUNKS_EXIST.pattern, body=api.exists_request(held)
+        )
+        assert exists.status == 200 and exists.json()["present"] == [], exists
+        versions = await probe.signed(
+            address, "POST", api.RECORD_VERSIONS.pattern, body=api.versions_request(sorted(values))
+        )
+        assert set(versions.json()["versions"].values()) == {0}, versions
+        got = await probe.signed(address, "GET", api.chunk_path(held[0]))
+        assert got.status in (200, 404), got  # served while held; gone once handed over
