@@ -375,12 +375,15 @@ def parse_keys_request(body: bytes) -> list[str]:
     keys = parse_json_object(body).get("keys")
     if not isinstance(keys, list) or len(keys) > LIST_LIMIT_MAX:
         raise ProtocolError(f"'keys' must be a list of at most {LIST_LIMIT_MAX} keys")
-    return [str(key) for key in keys]
+    if not all(isinstance(key, str) for key in keys):
+        raise ProtocolError("every key must be a string")
+    return keys
 
 
 def parse_versions_answer(answer: Any) -> dict[str, int]:
     try:
-        return {str(key): int(version) for key, version in answer["versions"].items()}
+        versions = answer["versions"].items()
+        return {str(key): json_int(version, "a version", VERSION_MAX) for key, version in versions}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed versions answer: {exc!r}") from exc
 

@@ -97,7 +97,7 @@ class Record:
 def validate_key(key: str) -> str:
     if (
         not 0 < len(key) <= KEY_CHARS_MAX
-        or KEY_PATTERN.match(key) is None
+        or KEY_PATTERN.fullmatch(key) is None
         or "//" in key
         or any(part in (".", "..") for part in key.split("/"))
     ):

@@ -366,3 +366,23 @@ def test_a_member_entry_names_peers_and_zones_in_printable_ascii(field: str, val
     that learned it (ids are hashed with ``.encode()``)."""
     with pytest.raises(ProtocolError):
         api.parse_member_table({"members": [{**GOSSIP_ENTRY, field: value}]})
+
+
+def test_keys_and_versions_are_typed_and_bounded() -> None:
+    """A key that is not a string is refused, not turned into "None"; a version from
+    another peer is an integer in 0..VERSION_MAX (a bogus "newer" one would make a
+    leaver drop its copy)."""
+    with pytest.raises(ProtocolError):
+        api.parse_keys_request(b'{"keys": [null, 1.5]}')
+    for bad in (True, -1, 1.5, api.VERSION_MAX + 1, "3"):
+        with pytest.raises(ProtocolError):
+            api.parse_versions_answer({"versions": {"k": bad}})
+    assert api.parse_versions_answer({"versions": {"k": 0}}) == {"k": 0}
+
+
+def test_a_record_key_with_a_trailing_newline_is_refused() -> None:
+    from ring.records import validate_key
+
+    with pytest.raises(ProtocolError):
+        validate_key("abc\n")
+    assert validate_key("abc") == "abc"
