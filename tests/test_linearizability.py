@@ -60,6 +60,14 @@ def test_two_writers_both_acknowledged_at_one_version_is_a_violation() -> None:
     assert "expected version 0" in result.describe()
 
 
+def test_a_compare_and_set_refused_at_the_current_version_is_a_violation() -> None:
+    history = [write(1, (0, 1), 0, "a"), write(2, (2, 3), 1, "b", "fail")]
+    assert_verdict(check(history), "violation")
+    # Refused while another writer moves the version on: fine.
+    racing = [*history, write(3, (1.5, 4), 1, "c")]
+    assert_verdict(check(racing), "ok")
+
+
 def test_a_read_of_a_value_never_written_is_a_violation() -> None:
     history = [write(1, (0, 1), 0, "a"), read(2, (2, 3), Record(1, "z"))]
     assert_verdict(check(history), "violation")
