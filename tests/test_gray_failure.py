@@ -38,9 +38,10 @@ from sr3.local import LocalCluster
 
 T = TypeVar("T")
 
-# A functional bound, not a performance figure: today's stall is the 30 s read timeout;
-# the goal is the peers' failure timeout (5 s); the margin is for a loaded machine.
-BOUND_S = 10.0
+# A functional bound, not a performance figure: the stall it catches is the 30 s read
+# timeout; the wide margin below it is for a loaded 2-core machine (each attempt to the
+# frozen peer is bounded at 2-5 s). The latencies themselves are in bench_gray.py.
+BOUND_S = 20.0
 
 
 @contextlib.contextmanager
@@ -143,10 +144,14 @@ def test_a_read_quorum_that_disagrees_at_the_newest_version_is_not_enough() -> N
     other = RecordValue("k", 3, b"b")
     older = RecordValue("k", 2, b"b")
     assert agreed([None, None])
-    assert agreed([one, older])
     assert agreed([one, RecordValue("k", 3, b"a")])
     assert not agreed([one, other])
     assert not agreed([one, RecordValue("k", 3, b"", deleted=True)])
+    # A stale or missing copy waits for every replica: after a join the reader's
+    # preferred peers may not be those the newest write was acknowledged on (W=2 on
+    # A and B; the reader asks B, C, D; B is slow, C missed the write, D is new).
+    assert not agreed([one, older])
+    assert not agreed([older, None])
 
 
 class SilentFirst:

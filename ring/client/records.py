@@ -74,8 +74,10 @@ class RecordIO:
         quorum = view.replication - view.write_quorum + 1
 
         def enough(answers: Sequence[tuple[Member, RecordValue | None]], _running: int) -> bool:
-            values = [value for member, value in answers if member.peer_id in preferred]
-            return len(values) >= quorum and agreed(values)
+            # One answer per distinct preferred peer: a peer asked twice (as itself and
+            # as a stand-in) is one copy.
+            by_peer = {m.peer_id: value for m, value in answers if m.peer_id in preferred}
+            return len(by_peer) >= quorum and agreed(list(by_peer.values()))
 
         result = await self._view.fan_out(
             candidates,
@@ -218,13 +220,12 @@ class RecordIO:
 
 
 def agreed(values: Sequence[RecordValue | None]) -> bool:
-    """Whether the replicas that hold the newest version among ``values`` hold one value
-    (or none holds the record)."""
-    present = [value for value in values if value is not None]
-    if not present:
-        return True
-    top = max(value.version for value in present)
-    return len({(v.value, v.deleted) for v in present if v.version == top}) == 1
+    """Whether every answer is the same: one version and value, or none holds the record.
+    Only then may a read stop at R-W+1 answers. A stale or missing copy among them (a
+    replica that missed a write, a new owner the record has not reached yet after a join)
+    makes the read wait for every replica: the R-W+1 rule assumes the reader's preferred
+    peers are those the write was acknowledged on, which a membership change breaks."""
+    return len({None if v is None else (v.version, v.value, v.deleted) for v in values}) <= 1
 
 
 def newest(values: Sequence[RecordValue]) -> RecordValue | None:
