@@ -202,7 +202,7 @@ class RingTracker:
                     try:
                         answer = task.result()
                     except (PeerError, TimeoutError) as exc:
-                        causes.append(f"{address}: {exc!r}")
+                        causes.append(str(exc) or f"{address}: no answer in time")
                         self._silent_until[address] = self._clock() + self.options.down_retry_s
                         exhausted = exhausted or not launch()
                         continue

@@ -139,8 +139,8 @@ def describe_os_error(exc: OSError, *, action: str = "", path: Path | None = Non
 def cli_wording(message: str) -> str:
     """Name the running command's flags where a lower layer named its Python arguments
     (``pass overwrite=True`` reads ``pass --overwrite``, ``batch_id=3`` reads ``--batch
-    3``), and say "connection refused" where a cause is aiohttp's repr of it."""
-    message = plain_causes(message)
+    3``). Why a peer was unreachable is already in words: the transport says it where
+    aiohttp's error enters."""
     context = click.get_current_context(silent=True)
     if context is None:
         return message
@@ -154,58 +154,6 @@ def cli_wording(message: str) -> str:
         else:
             message = re.sub(rf"\b{name}=(?=\S)", f"{flag} ", message)
     return message
-
-
-_ERROR_CALL = re.compile(r"\b(Client\w*Error|Server\w*Error|\w*TimeoutError|Connection\w*Error)\(")
-
-
-def plain_causes(message: str) -> str:
-    """Replace reprs such as ``ClientConnectorError(ConnectionKey(...),
-    ConnectionRefusedError(111, "..."))`` that lower layers put in their causes with the
-    reason they carry (``connection refused``)."""
-    parts: list[str] = []
-    position = 0
-    while (match := _ERROR_CALL.search(message, position)) is not None:
-        end = _closing_parenthesis(message, match.end() - 1)
-        if end is None:
-            break
-        parts.append(message[position : match.start()])
-        parts.append(_reason_of(message[match.start() : end + 1]))
-        position = end + 1
-    parts.append(message[position:])
-    return "".join(parts)
-
-
-def _closing_parenthesis(text: str, opening: int) -> int | None:
-    depth, quote = 0, ""
-    for index in range(opening, len(text)):
-        char = text[index]
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth == 0:
-                return index
-    return None
-
-
-def _reason_of(call: str) -> str:
-    for name, reason in (
-        ("ConnectionRefusedError", "connection refused"),
-        ("ConnectionResetError", "connection reset"),
-        ("TimeoutError", "timed out"),
-        ("ServerDisconnectedError", "disconnected"),
-    ):
-        if name in call:
-            return reason
-    number = re.search(r"Error\((\d+), ", call)
-    if number is not None:
-        return os.strerror(int(number.group(1))).lower()
-    return call.partition("(")[0]
 
 
 def ring_source(ring_flag: str | None) -> str:
