@@ -23,20 +23,25 @@ network (``tests/test_api.py``).
     POST   /v1/chunks/exists              {"ids": [...]} -> {"present": [...]}; with
                                           "sizes": true also {"stored_bytes": {id: n}}
     GET    /v1/records?prefix=P&limit=N[&deleted=1]   record keys and versions (and tombstones)
-    GET    /v1/records/{key}              value as body, version in X-SR3-Version
-    POST   /v1/records/versions           {"keys": [...]} -> {"versions": {key: n}}
-    PUT    /v1/records/{key}?expected_version=N[&refs=K]  compare-and-set, 409 if stale
-    PUT    /v1/records/{key}?version=N[&refs=K][&deleted=1]  repair copy, kept if newer
-    DELETE /v1/records/{key}?expected_version=N    tombstone as N+1 (404 "deleted" on GET)
+    GET    /v1/records/{key}[?view=D]     this peer's slot for the key (``ring.paxos``
+                                          encoding); X-SR3-View names the acceptors it
+                                          computes. With ``view``: for a round (409
+                                          "view" if they differ, 503 "syncing")
+    POST   /v1/records/versions           {"keys": [...]} -> {"versions": {key: n},
+                                          "ballots": {key: accepted ballot}}
+    POST   /v1/paxos/prepare/{key}?ballot=B&view=D    promise B -> the slot; 409
+                                          "preempted" with the ballot promised instead
+    POST   /v1/paxos/accept/{key}?ballot=B[&next=B2]&view=D   accept the value in the
+                                          body (a slot encoding) at B, promising B2
     GET    /v1/refs                       chunk ids live records here reference (16 B each)
     POST   /v1/recovery/stream            a recovery plan -> framed chunk stream
                                           (installed by ``recovery.relay``)
     GET    /metrics                       Prometheus text (signed, or the metrics bearer token)
 
 Errors are JSON ``{"error": code, "message": text}`` (``error_body``/``parse_error``),
-with ``current_version`` on a 409 and ``version`` on a deleted record's 404. A record
-write's body is its envelope: the ids of the chunks it references (16 bytes each, their
-count in ``refs=K``) followed by the value.
+with ``promised`` (a ballot) on a 409 "preempted". Records are changed only by consensus
+rounds (``ring.paxos``): prepare and accept on the key's acceptors, never a write to one
+replica.
 
 Every number taken from the wire is ASCII digits with an explicit maximum
 (``parse_ascii_int``; record versions at most ``VERSION_MAX``), and every JSON body or
@@ -100,9 +105,9 @@ __all__ = [
     "QUERY_INT_MAX",
     "RECORDS_LIST",
     "RECORD_BYTES_MAX",
-    "RECORD_DELETE",
+    "PAXOS_ACCEPT",
+    "PAXOS_PREPARE",
     "RECORD_GET",
-    "RECORD_PUT",
     "RECORD_VERSIONS",
     "RECOVERY_STREAM",
     "REFS",
@@ -142,11 +147,12 @@ __all__ = [
     "parse_refs",
     "parse_versions_answer",
     "parse_written_version",
-    "record_cas_path",
-    "record_delete_path",
+    "accept_path",
+    "prepare_path",
+    "record_round_path",
+    "record_raw_path",
     "record_envelope",
     "record_path",
-    "record_repair_path",
     "records_list_path",
     "refs_body",
     "split_record_envelope",
@@ -177,8 +183,8 @@ CHUNKS_EXIST = Route("POST", "/v1/chunks/exists")
 RECORDS_LIST = Route("GET", "/v1/records")
 RECORD_VERSIONS = Route("POST", "/v1/records/versions")
 RECORD_GET = Route("GET", "/v1/records/{key:.+}")
-RECORD_PUT = Route("PUT", "/v1/records/{key:.+}")
-RECORD_DELETE = Route("DELETE", "/v1/records/{key:.+}")
+PAXOS_PREPARE = Route("POST", "/v1/paxos/prepare/{key:.+}")
+PAXOS_ACCEPT = Route("POST", "/v1/paxos/accept/{key:.+}")
 REFS = Route("GET", "/v1/refs")
 RECOVERY_STREAM = Route("POST", "/v1/recovery/stream")
 
@@ -197,6 +203,7 @@ HEADER_TARGET = "X-SR3-Target"
 HEADER_VERSION = "X-SR3-Version"
 HEADER_REFS = "X-SR3-Refs"
 HEADER_STORED_BYTES = "X-SR3-Stored-Bytes"
+HEADER_VIEW = "X-SR3-View"
 CONTENT_TYPE_FRAMES = "application/x-sr3-frames"
 
 # Limits both sides hold to.
@@ -235,16 +242,23 @@ def record_path(key: str) -> str:
     return f"/v1/records/{key}"
 
 
-def record_cas_path(key: str, expected_version: int, refs: int) -> str:
-    return f"{record_path(key)}?expected_version={expected_version}&refs={refs}"
+def record_raw_path(key: str) -> str:
+    """A peer's slot as it is (a peer catching up asks; never waits on others)."""
+    return record_path(key)
 
 
-def record_repair_path(key: str, version: int, refs: int, *, deleted: bool) -> str:
-    return f"{record_path(key)}?version={version}&refs={refs}&deleted={int(deleted)}"
+def record_round_path(key: str, view: str) -> str:
+    """A peer's slot for a proposer that computed the acceptors ``view`` names."""
+    return f"{record_path(key)}?view={view}"
 
 
-def record_delete_path(key: str, expected_version: int) -> str:
-    return f"{record_path(key)}?expected_version={expected_version}"
+def prepare_path(key: str, ballot: str, view: str) -> str:
+    return f"/v1/paxos/prepare/{key}?ballot={ballot}&view={view}"
+
+
+def accept_path(key: str, ballot: str, view: str, following: str | None = None) -> str:
+    path = f"/v1/paxos/accept/{key}?ballot={ballot}&view={view}"
+    return path if following is None else f"{path}&next={following}"
 
 
 def records_list_path(prefix: str, limit: int, *, include_deleted: bool) -> str:
@@ -386,6 +400,16 @@ def parse_versions_answer(answer: Any) -> dict[str, int]:
         return {str(key): json_int(version, "a version", VERSION_MAX) for key, version in versions}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed versions answer: {exc!r}") from exc
+
+
+def parse_ballots_answer(answer: Any) -> dict[str, str]:
+    """The accepted ballot (its wire form) of each key a versions answer names."""
+    ballots = answer.get("ballots", {}) if isinstance(answer, dict) else None
+    if not isinstance(ballots, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and len(v) <= 60 for k, v in ballots.items()
+    ):
+        raise ProtocolError("malformed versions answer: 'ballots' maps keys to ballots")
+    return ballots
 
 
 def parse_records_list(answer: Any) -> list[tuple[str, int, bool]]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from ring.api import LeaveProgress, member_table_body, parse_member_table
 from ring.chunkstore import ChunkStore
 from ring.clock import Clocks
+from ring.consensus import Acceptor, AcceptorSettings
 from ring.errors import ConfigError, ProtocolError, SR3Error
 from ring.files import PendingWrite
 from ring.gc import ChunkCollector, GcSettings
@@ -155,6 +156,7 @@ class Node:
         self._repairer: Repairer | None = None
         self._scrubber: Scrubber | None = None
         self._collector: ChunkCollector | None = None
+        self._acceptor: Acceptor | None = None
 
     # Built in open(): they need the epoch read from disk.
     @property
@@ -166,6 +168,11 @@ class Node:
     def gossiper(self) -> Gossiper:
         assert self._gossiper is not None, "Node.open() first"
         return self._gossiper
+
+    @property
+    def acceptor(self) -> Acceptor:
+        assert self._acceptor is not None, "open() first"
+        return self._acceptor
 
     @property
     def repairer(self) -> Repairer:
@@ -222,6 +229,17 @@ class Node:
             clock=self.clocks.monotonic,
         )  # fmt: skip
 
+        # A peer that newly answers for a key catches up on it first, for as long as
+        # repair may take to move records after a change (ring.consensus).
+        self._acceptor = Acceptor(
+            config.peer_id, self.records, lambda: self.table, self.data_transport,
+            AcceptorSettings(
+                replication=config.replication, write_quorum=config.write_quorum,
+                vnodes=config.vnodes, zone_aware=config.zone_aware,
+                sync_window_s=config.removal_grace_s + 3 * config.repair_interval_s,
+            ),
+            self.clocks.monotonic,
+        )  # fmt: skip
         self._collector = ChunkCollector(
             config.peer_id, self._table, self.chunks, self.records, self.control_transport,
             GcSettings(config.gc_interval_s, config.gc_grace_s),

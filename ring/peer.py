@@ -27,9 +27,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ring import api, codec
+from ring import api, codec, paxos
 from ring.api import Route
 from ring.auth import ANY_TARGET, AuthFailure, Verifier
+from ring.consensus import Syncing, ViewMismatch
 from ring.errors import (
     ChunkCorrupt,
     ChunkTooLarge,
@@ -40,6 +41,7 @@ from ring.errors import (
 )
 from ring.metrics import PeerMetrics
 from ring.node import Node
+from ring.paxos import Ballot, Preempted
 from ring.peer_config import PeerConfig
 from ring.records import validate_key
 
@@ -60,10 +62,19 @@ class _Leaving(SR3Error):
     """A write reached a peer that is leaving the ring (503: try another replica)."""
 
 
+def _preempted(key: str, refusal: Preempted) -> web.Response:
+    message = f"record {key!r}: ballot {refusal.promised.wire()} was promised here"
+    return _error(409, "preempted", message, promised=refusal.promised.wire())
+
+
 def _translate(exc: Exception) -> web.Response:
     """Map an exception raised while handling a request to its HTTP answer."""
     if isinstance(exc, _Leaving):
         return _error(503, "leaving", str(exc))
+    if isinstance(exc, ViewMismatch):
+        return _error(409, "view", str(exc))
+    if isinstance(exc, Syncing):
+        return _error(503, "syncing", str(exc))
     if isinstance(exc, RecordConflict):
         return _error(409, "version_conflict", str(exc), current_version=exc.current)
     if isinstance(exc, ChunkTooLarge):
@@ -386,48 +397,61 @@ class Peer:
         )
 
     async def record_versions(self, request: web.Request) -> web.Response:
-        keys = api.parse_keys_request(await request.read())
+        keys = [validate_key(key) for key in api.parse_keys_request(await request.read())]
         held = not self._leaving()
-        versions = {validate_key(key): self.records.version(key) if held else 0 for key in keys}
-        return web.json_response({"versions": versions})
+        versions: dict[str, int] = {}
+        ballots: dict[str, str] = {}
+        for key in keys:
+            accepted = self.records.accepted(key) if held else None
+            versions[key] = self.records.version(key) if held else 0
+            if accepted is not None:
+                ballots[key] = accepted[0].wire()
+        return web.json_response({"versions": versions, "ballots": ballots})
+
+    def _view_query(self, request: web.Request) -> str:
+        view = request.query.get("view", "")
+        if not 0 < len(view) <= 16 or not view.isascii() or not view.isalnum():
+            raise ProtocolError("view is the 16-hex-digit digest of the key's acceptors")
+        return view
 
     async def get_record(self, request: web.Request) -> web.Response:
         key = validate_key(request.match_info["key"])
-        record = await self.records.get(key)
-        if record is None:
-            return _error(404, "not_found", f"record {key!r} is not stored here")
-        if record.deleted:
-            return _error(404, "deleted", f"record {key!r} was deleted", version=record.version)
+        acceptor = self.node.acceptor
+        view = self._view_query(request) if "view" in request.query else None
+        slot = await acceptor.read(key, view)
         return web.Response(
-            body=record.value,
+            body=paxos.encode_slot(slot),
             content_type="application/octet-stream",
-            headers={
-                api.HEADER_VERSION: str(record.version),
-                api.HEADER_REFS: str(len(record.refs)),
-            },
+            headers={api.HEADER_VIEW: acceptor.digest(key)},
         )
 
-    async def put_record(self, request: web.Request) -> web.Response:
+    async def prepare_record(self, request: web.Request) -> web.Response:
         self._refuse_if_leaving()
         key = validate_key(request.match_info["key"])
-        refs_count = _int_query(request, "refs", 0)
-        value, refs = api.split_record_envelope(await request.read(), refs_count)
-        if "version" in request.query:
-            version = _int_query(request, "version", None, api.VERSION_MAX)
-            stored = await self.records.put_repair(
-                key, value, version, refs, deleted=_flag_query(request, "deleted")
-            )
-            return web.json_response({"key": key, "version": version, "stored": stored})
-        expected = _int_query(request, "expected_version", None, api.VERSION_MAX)
-        record = await self.records.put(key, value, expected, refs)
-        return web.json_response({"key": key, "version": record.version}, status=201)
+        ballot = Ballot.parse(request.query.get("ballot"))
+        outcome = await self.node.acceptor.prepare(key, ballot, self._view_query(request))
+        if isinstance(outcome, Preempted):
+            return _preempted(key, outcome)
+        return web.Response(
+            body=paxos.encode_slot(outcome), content_type="application/octet-stream"
+        )
 
-    async def delete_record(self, request: web.Request) -> web.Response:
+    async def accept_record(self, request: web.Request) -> web.Response:
         self._refuse_if_leaving()
         key = validate_key(request.match_info["key"])
-        expected = _int_query(request, "expected_version", None, api.VERSION_MAX)
-        record = await self.records.delete(key, expected)
-        return web.json_response({"key": key, "version": record.version, "deleted": True})
+        ballot = Ballot.parse(request.query.get("ballot"))
+        following = request.query.get("next")
+        proposal, _meta = paxos.decode_slot(await request.read(), api.RECORD_BYTES_MAX)
+        outcome = await self.node.acceptor.accept(
+            key,
+            ballot,
+            proposal.value,
+            None if following is None else Ballot.parse(following, "next"),
+            self._view_query(request),
+        )
+        if isinstance(outcome, Preempted):
+            return _preempted(key, outcome)
+        return web.json_response({"key": key, "accepted": ballot.wire()})
 
     async def referenced_chunks(self, _request: web.Request) -> web.Response:
         refs = self.records.referenced()
@@ -469,8 +493,8 @@ def build_app(node: Node, extensions: Sequence[AppExtension] = ()) -> web.Applic
         api.RECORDS_LIST: peer.list_records,
         api.RECORD_VERSIONS: peer.record_versions,
         api.RECORD_GET: peer.get_record,
-        api.RECORD_PUT: peer.put_record,
-        api.RECORD_DELETE: peer.delete_record,
+        api.PAXOS_PREPARE: peer.prepare_record,
+        api.PAXOS_ACCEPT: peer.accept_record,
         api.REFS: peer.referenced_chunks,
     }
     for route, handler in routes.items():

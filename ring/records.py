@@ -1,31 +1,24 @@
-"""Small versioned records on a peer: manifests and pointers, with compare-and-set.
+"""Records on a peer: this peer's acceptor state for each key it holds (``ring.paxos``).
 
-A record is ``(key, version, value, refs)``: ``refs`` are the chunk ids the value
-points at (a blob reference, later a manifest), kept apart so that peers can audit and
-collect chunks without parsing values. Version 0 means absent. A write names the version
-it expects to replace: a replica accepts it when its own version is not newer than the
-expected one (so a replica that missed earlier writes catches up) and stores it as
-``expected + 1``; otherwise it refuses with its current version. A replica therefore holds
-at most one value per version, and a stale writer never overwrites a newer version.
+A record is a register decided by consensus among the key's R preferred peers (the rules
+are in ``ring.paxos``; the peer side of a round in ``ring.consensus``). What a peer keeps
+per key is a *slot*: the highest ballot it promised, the ballot it last accepted and the
+value accepted with it: ``(version, value, refs, deleted, op)``, where ``refs`` are the
+chunk ids the value points at, kept apart so that peers can audit and collect chunks
+without parsing values. A slot is durable (written and fsynced) before the peer answers
+the prepare or accept that changed it: a promise forgotten in a crash could let two
+values be chosen.
 
-Repair writes carry an explicit version instead and are accepted only when newer than
-what the replica holds.
+A delete is a value too: a tombstone (no value, no refs), so that a replica that missed
+the delete cannot bring the old value back (the higher ballot wins like any other).
+Reads and listings treat a tombstone as absent; a tombstone is dropped
+``tombstone_ttl_s`` after this peer stored it (a replica away longer than that could
+bring the record back; the default is a week).
 
-A delete is a write too: a tombstone (no value, no refs) at ``expected + 1``, so that a
-replica that missed the delete cannot push the old value back during repair (the newer
-tombstone wins like any newer version). Reads and listings treat a tombstone as absent;
-a tombstone is dropped ``tombstone_ttl_s`` after it was stored (a replica that was away
-longer than that could bring the record back; the default is a week).
-
-On the wire and on disk, ``refs`` travel as concatenated 16-byte chunk ids in front of
-the value (``?refs=N`` names how many). Each record is one file
-``<data>/records/<xxh3-128 of key>.rec``, written atomically:
-
-    b"SR3R" | u32 metadata length | metadata JSON | refs | value
-
-where the metadata holds the key, version, value and refs lengths and their xxh3-64 (and,
-for a tombstone, ``deleted`` with the wall-clock time it was stored). Files
-are verified when read; a corrupt one is quarantined like a corrupt chunk.
+Each slot is one file ``<data>/records/<xxh3-128 of key>.rec`` (the ``ring.paxos`` slot
+encoding with the key in its metadata), written atomically. Files are verified when read;
+a corrupt one is quarantined like a corrupt chunk. Files of the record format before
+consensus (``SR3R``) are read as values accepted at the lowest classic ballot.
 """
 
 from __future__ import annotations
@@ -37,24 +30,26 @@ import re
 import secrets
 import struct
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import xxhash
 
-from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, VERSION_MAX, record_envelope
+from ring import paxos
+from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, VERSION_MAX
 from ring.api import split_record_envelope as split_envelope
-from ring.errors import ProtocolError, RecordConflict
+from ring.errors import ProtocolError
 from ring.files import move_or_remove, write_file_atomic
+from ring.paxos import Ballot, Preempted, Slot, Value
 
 __all__ = [
     "KEY_PATTERN",
+    "LEGACY_BALLOT",
     "RECORD_BYTES_MAX",
     "REFS_MAX",
     "TOMBSTONE_TTL_S_DEFAULT",
     "VERSION_MAX",
-    "Record",
     "RecordStore",
     "split_envelope",
     "validate_key",
@@ -62,36 +57,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"SR3R"
 KEY_CHARS_MAX = 512
 TOMBSTONE_TTL_S_DEFAULT = 7 * 24 * 3600.0
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]*$")
+# Records written before consensus count as accepted at the lowest classic ballot.
+LEGACY_BALLOT = Ballot(1, "0")
+_LEGACY_MAGIC = b"SR3R"
 _LENGTH = struct.Struct("<I")
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    key: str
-    version: int
-    value: bytes
-    refs: tuple[str, ...] = ()
-    # Wall-clock seconds when this replica stored the tombstone; None for a live record.
-    deleted_at: float | None = None
-
-    @property
-    def deleted(self) -> bool:
-        return self.deleted_at is not None
-
-    @property
-    def digest(self) -> str:
-        return xxhash.xxh3_64_hexdigest(self.value)
-
-    def refs_bytes(self) -> bytes:
-        return b"".join(bytes.fromhex(ref) for ref in self.refs)
-
-    def envelope(self) -> bytes:
-        """The wire form of a write (``ring.api.record_envelope``; ``?refs=len(refs)``)."""
-        return record_envelope(self.refs, self.value)
 
 
 def validate_key(key: str) -> str:
@@ -108,59 +80,73 @@ def validate_key(key: str) -> str:
     return key
 
 
-def _encode(record: Record) -> bytes:
-    refs = record.refs_bytes()
-    meta = json.dumps(
-        {
-            "key": record.key,
-            "version": record.version,
-            "value_bytes": len(record.value),
-            "value_xxh3": record.digest,
-            "refs": len(record.refs),
-            "refs_xxh3": xxhash.xxh3_64_hexdigest(refs),
-            **({} if record.deleted_at is None else {"deleted": record.deleted_at}),
-        },
-        separators=(",", ":"),
-    ).encode()
-    return MAGIC + _LENGTH.pack(len(meta)) + meta + refs + record.value
+def check_value(value: Value) -> None:
+    """A value a round may store: bounded, a tombstone empty, its refs chunk ids."""
+    if len(value.data) > RECORD_BYTES_MAX:
+        raise ProtocolError(f"record value of {len(value.data)} bytes is above {RECORD_BYTES_MAX}")
+    if len(value.refs) > REFS_MAX:
+        raise ProtocolError(f"a record references at most {REFS_MAX} chunks")
+    if value.deleted and (value.data or value.refs):
+        raise ProtocolError("a tombstone carries no value and no refs")
 
 
-def _decode(data: bytes) -> Record:
-    if len(data) < 8 or data[:4] != MAGIC:
-        raise ValueError("bad magic")
+def _encode(key: str, slot: Slot) -> bytes:
+    data = paxos.encode_slot(slot)
+    # The key travels in the file (not on the wire): a file names what it holds.
+    (meta_len,) = _LENGTH.unpack_from(data, 4)
+    meta = json.loads(data[8 : 8 + meta_len])
+    meta["key"] = key
+    encoded = json.dumps(meta, separators=(",", ":")).encode()
+    return data[:4] + _LENGTH.pack(len(encoded)) + encoded + data[8 + meta_len :]
+
+
+def _decode(data: bytes) -> tuple[str, Slot]:
+    if data[:4] == _LEGACY_MAGIC:
+        return _decode_legacy(data)
+    slot, meta = paxos.decode_slot(data, RECORD_BYTES_MAX)
+    key = meta.get("key")
+    if not isinstance(key, str):
+        raise ProtocolError("a record file names its key")
+    return key, slot
+
+
+def _decode_legacy(data: bytes) -> tuple[str, Slot]:
     (meta_len,) = _LENGTH.unpack_from(data, 4)
     meta = json.loads(data[8 : 8 + meta_len])
     body = data[8 + meta_len :]
     refs_count = int(meta.get("refs", 0))
-    refs_bytes = body[: refs_count * REF_BYTES]
-    if xxhash.xxh3_64_hexdigest(refs_bytes) != meta.get("refs_xxh3", xxhash.xxh3_64_hexdigest(b"")):
+    if xxhash.xxh3_64_hexdigest(body[: refs_count * REF_BYTES]) != meta.get(
+        "refs_xxh3", xxhash.xxh3_64_hexdigest(b"")
+    ):
         raise ValueError("refs checksum mismatch")
     value, refs = split_envelope(body, refs_count)
     if len(value) != meta["value_bytes"] or xxhash.xxh3_64_hexdigest(value) != meta["value_xxh3"]:
         raise ValueError("value checksum mismatch")
     deleted = meta.get("deleted")
-    return Record(
-        str(meta["key"]), int(meta["version"]), value, refs,
-        None if deleted is None else float(deleted),
-    )  # fmt: skip
+    register = Value(int(meta["version"]), value, refs, deleted is not None)
+    slot = Slot(LEGACY_BALLOT, LEGACY_BALLOT, register, None if deleted is None else float(deleted))
+    return str(meta["key"]), slot
 
 
-def _check_expected(expected_version: int) -> None:
-    """A write stores ``expected + 1``, which must stay a valid version: no key can be
-    pushed beyond what a writer can name."""
-    if not 0 <= expected_version < VERSION_MAX:
-        raise ProtocolError(f"an expected version is an integer in 0..{VERSION_MAX - 1}")
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """What a peer keeps in memory per key: enough to list, plan repair and collect."""
+
+    version: int
+    accepted: Ballot | None
+    op: str
+    refs: tuple[str, ...]
+    deleted_at: float | None
 
 
-def _check_size(value: bytes, refs: tuple[str, ...]) -> None:
-    if len(value) > RECORD_BYTES_MAX:
-        raise ProtocolError(f"record value of {len(value)} bytes is above {RECORD_BYTES_MAX}")
-    if len(refs) > REFS_MAX:
-        raise ProtocolError(f"a record references at most {REFS_MAX} chunks")
+def _entry(slot: Slot) -> _Entry:
+    value = slot.value
+    return _Entry(value.version, slot.accepted, value.op, value.refs, slot.deleted_at)
 
 
 class RecordStore:
-    """Records of one peer. All mutations are serialized by one lock (records are small)."""
+    """The slots of one peer. Every change is serialized by one lock and durable before
+    it returns (slots are small; a round writes one per key and acceptor)."""
 
     def __init__(
         self,
@@ -172,11 +158,7 @@ class RecordStore:
         self._dir = root / "records"
         self._tmp_dir = root / "tmp"
         self._quarantine_dir = root / "quarantine"
-        self._versions: dict[str, int] = {}
-        # key -> when its tombstone was stored, for keys whose newest version is a delete
-        self._tombstones: dict[str, float] = {}
-        # key -> refs of live records that have any (chunk collection asks for them all)
-        self._refs: dict[str, tuple[str, ...]] = {}
+        self._entries: dict[str, _Entry] = {}
         self._tombstone_ttl_s = tombstone_ttl_s
         self._wall_clock = wall_clock
         self._lock = asyncio.Lock()
@@ -186,15 +168,11 @@ class RecordStore:
             directory.mkdir(parents=True, exist_ok=True)
         for entry in self._dir.glob("*.rec"):
             try:
-                record = _decode(entry.read_bytes())
-            except (ValueError, KeyError, json.JSONDecodeError) as exc:
+                key, slot = _decode(entry.read_bytes())
+            except (ProtocolError, ValueError, KeyError, TypeError, struct.error) as exc:
                 self._quarantine_file(entry, str(exc))
                 continue
-            self._versions[record.key] = record.version
-            if record.deleted_at is not None:
-                self._tombstones[record.key] = record.deleted_at
-            elif record.refs:
-                self._refs[record.key] = record.refs
+            self._entries[key] = _entry(slot)
 
     def _path(self, key: str) -> Path:
         return self._dir / f"{xxhash.xxh3_128_hexdigest(key.encode())}.rec"
@@ -204,128 +182,143 @@ class RecordStore:
         # On a disk too full for the move, the corrupt file is removed instead.
         move_or_remove(path, self._quarantine_dir / f"{path.name}.{secrets.token_hex(4)}")
 
+    # -- what is held -------------------------------------------------------------------
+
     def version(self, key: str) -> int:
-        return self._versions.get(key, 0)
+        entry = self._entries.get(key)
+        return 0 if entry is None else entry.version
+
+    def accepted(self, key: str) -> tuple[Ballot, str] | None:
+        """The ballot and op of the value accepted here for ``key``, if any."""
+        entry = self._entries.get(key)
+        if entry is None or entry.accepted is None:
+            return None
+        return entry.accepted, entry.op
+
+    def holds(self, key: str) -> bool:
+        return key in self._entries
 
     def is_deleted(self, key: str) -> bool:
-        return key in self._tombstones
+        entry = self._entries.get(key)
+        return entry is not None and entry.deleted_at is not None
+
+    def _live(self, entry: _Entry) -> bool:
+        return entry.version > 0 and entry.deleted_at is None
 
     def count(self) -> int:
-        """Live records (tombstones not counted)."""
-        return len(self._versions) - len(self._tombstones)
+        """Live records (tombstones and bare promises not counted)."""
+        return sum(1 for entry in self._entries.values() if self._live(entry))
 
     def keys(self) -> list[str]:
-        """Every key held, tombstones included (repair copies those too)."""
-        return sorted(self._versions)
+        """Every key with a slot here, tombstones included (repair copies those too)."""
+        return sorted(self._entries)
 
     def list(
         self, prefix: str, limit: int, *, include_deleted: bool = False
     ) -> list[tuple[str, int]]:
         keys = sorted(
             key
-            for key in self._versions
-            if key.startswith(prefix) and (include_deleted or key not in self._tombstones)
+            for key, entry in self._entries.items()
+            if key.startswith(prefix)
+            and entry.version > 0
+            and (include_deleted or entry.deleted_at is None)
         )
-        return [(key, self._versions[key]) for key in keys[:limit]]
+        return [(key, self._entries[key].version) for key in keys[:limit]]
 
-    async def get(self, key: str) -> Record | None:
-        if key not in self._versions:
-            return None
+    def referenced(self) -> set[str]:
+        """Every chunk id the values accepted here reference (tombstones have none)."""
+        return {ref for entry in self._entries.values() for ref in entry.refs}
+
+    async def slot(self, key: str) -> Slot:
+        """This peer's slot for ``key`` (``paxos.NOTHING`` if it holds none)."""
+        if key not in self._entries:
+            return paxos.NOTHING
         path = self._path(key)
         try:
-            record = _decode(await asyncio.to_thread(path.read_bytes))
+            stored_key, slot = _decode(await asyncio.to_thread(path.read_bytes))
         except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, json.JSONDecodeError) as exc:
+            return paxos.NOTHING
+        except (ProtocolError, ValueError, KeyError, TypeError, struct.error) as exc:
             async with self._lock:
                 self._quarantine_file(path, str(exc))
-                self._drop(key)
-            return None
-        if record.key != key:
-            raise AssertionError(f"record file for {key!r} holds {record.key!r}")
-        return record
+                self._entries.pop(key, None)
+            return paxos.NOTHING
+        if stored_key != key:
+            raise AssertionError(f"record file for {key!r} holds {stored_key!r}")
+        return slot
 
-    async def put(
-        self, key: str, value: bytes, expected_version: int, refs: tuple[str, ...] = ()
-    ) -> Record:
-        """Compare-and-set: store ``value`` as version ``expected_version + 1``."""
-        _check_expected(expected_version)
-        _check_size(value, refs)
+    # -- acceptor -----------------------------------------------------------------------
+
+    async def prepare(self, key: str, ballot: Ballot) -> Slot | Preempted:
+        """Promise ``ballot`` for ``key``; the slot as it then stands, or the refusal."""
         async with self._lock:
-            current = self._versions.get(key, 0)
-            if current > expected_version:
-                raise RecordConflict(key, expected_version, current)
-            record = Record(key, expected_version + 1, value, refs)
-            await self._write(record)
-            return record
+            outcome = paxos.prepare(await self.slot(key), ballot)
+            if isinstance(outcome, Slot):
+                await self._write(key, outcome)
+            return outcome
 
-    async def put_repair(
-        self, key: str, value: bytes, version: int, refs: tuple[str, ...] = (),
-        *, deleted: bool = False,
-    ) -> bool:  # fmt: skip
-        """Store a copy pushed by repair if it is newer than ours; False if it is not.
-        ``deleted``: the copy is a tombstone (it must carry no value and no refs)."""
-        _check_size(value, refs)
-        if not 1 <= version <= VERSION_MAX:
-            raise ProtocolError(f"a repaired record has a version in 1..{VERSION_MAX}")
-        if deleted and (value or refs):
-            raise ProtocolError("a tombstone carries no value and no refs")
+    async def accept(
+        self, key: str, ballot: Ballot, value: Value, following: Ballot | None = None
+    ) -> Slot | Preempted:
+        """Accept ``value`` at ``ballot`` (and promise ``following``), or refuse."""
+        check_value(value)
         async with self._lock:
-            if self._versions.get(key, 0) >= version:
-                return False
-            deleted_at = self._wall_clock() if deleted else None
-            await self._write(Record(key, version, value, refs, deleted_at))
-            return True
+            current = await self.slot(key)
+            outcome = paxos.accept(current, ballot, value, following, self._wall_clock())
+            if isinstance(outcome, Slot) and outcome != current:
+                await self._write(key, outcome)
+            return outcome
 
-    async def _write(self, record: Record) -> None:
-        data = _encode(record)
-        await asyncio.to_thread(write_file_atomic, self._tmp_dir, self._path(record.key), data)
-        self._versions[record.key] = record.version
-        self._refs.pop(record.key, None)
-        if record.deleted_at is None:
-            self._tombstones.pop(record.key, None)
-            if record.refs:
-                self._refs[record.key] = record.refs
-        else:
-            self._tombstones[record.key] = record.deleted_at
+    async def merge(self, key: str, slots: Sequence[Slot]) -> Slot:
+        """Take in the slots other acceptors hold for ``key`` (a new owner catching up):
+        the highest promise, and the value with the highest accepted ballot (a value some
+        acceptor really accepted, so a later round sees what it would have seen there)."""
+        async with self._lock:
+            current = await self.slot(key)
+            merged = current
+            for other in slots:
+                check_value(other.value)
+                promised = max(merged.promised, other.promised)
+                if other.accepted is not None and (
+                    merged.accepted is None or other.accepted > merged.accepted
+                ):
+                    deleted_at = self._wall_clock() if other.value.deleted else None
+                    merged = Slot(promised, other.accepted, other.value, deleted_at)
+                else:
+                    merged = replace(merged, promised=promised)
+            if merged != current:
+                await self._write(key, merged)
+            return merged
 
-    def _drop(self, key: str) -> None:
-        self._versions.pop(key, None)
-        self._tombstones.pop(key, None)
-        self._refs.pop(key, None)
+    async def _write(self, key: str, slot: Slot) -> None:
+        data = _encode(key, slot)
+        await asyncio.to_thread(write_file_atomic, self._tmp_dir, self._path(key), data)
+        self._entries[key] = _entry(slot)
+
+    # -- housekeeping -------------------------------------------------------------------
 
     async def delete_local(self, key: str) -> None:
-        """Drop this replica's copy (an extra copy that repair handed over)."""
+        """Drop this replica's slot (an extra copy that repair handed over)."""
         async with self._lock:
-            if key in self._versions:
-                self._drop(key)
+            if self._entries.pop(key, None) is not None:
                 await asyncio.to_thread(self._path(key).unlink, True)
-
-    async def delete(self, key: str, expected_version: int) -> Record:
-        """Compare-and-set delete: store a tombstone as ``expected_version + 1``.
-
-        Like ``put``, a replica that missed earlier versions accepts it (and one that
-        never held the key stores the tombstone too, so a late copy cannot come back)."""
-        _check_expected(expected_version)
-        async with self._lock:
-            current = self._versions.get(key, 0)
-            if current > expected_version:
-                raise RecordConflict(key, expected_version, current)
-            record = Record(key, expected_version + 1, b"", (), self._wall_clock())
-            await self._write(record)
-            return record
 
     async def purge_tombstones(self) -> int:
         """Drop tombstones stored more than ``tombstone_ttl_s`` ago; how many were."""
         horizon = self._wall_clock() - self._tombstone_ttl_s
-        expired = [key for key, at in self._tombstones.items() if at <= horizon]
+        expired = [
+            key
+            for key, entry in self._entries.items()
+            if entry.deleted_at is not None and entry.deleted_at <= horizon
+        ]
         for key in expired:
             async with self._lock:
-                if self._tombstones.get(key, horizon + 1) <= horizon:
-                    self._drop(key)
+                entry = self._entries.get(key)
+                if (
+                    entry is not None
+                    and entry.deleted_at is not None
+                    and entry.deleted_at <= horizon
+                ):
+                    del self._entries[key]
                     await asyncio.to_thread(self._path(key).unlink, True)
         return len(expired)
-
-    def referenced(self) -> set[str]:
-        """Every chunk id the live records held here reference."""
-        return {ref for refs in self._refs.values() for ref in refs}

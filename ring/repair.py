@@ -27,12 +27,13 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ring import api
+from ring import api, paxos
 from ring.chunkstore import ChunkStore
-from ring.errors import ChunkCorrupt, SR3Error
+from ring.errors import ChunkCorrupt, ProtocolError, SR3Error
 from ring.hints import HintStore
 from ring.loops import run_periodic
 from ring.membership import MemberTable
+from ring.paxos import Ballot
 from ring.placement import Member, Ring
 from ring.ratelimit import ForegroundGate, TokenBucket
 from ring.records import RecordStore
@@ -264,7 +265,8 @@ class Repairer:
 
     # -- records ------------------------------------------------------------------------
 
-    async def _versions(self, member: Member, keys: list[str]) -> dict[str, int] | None:
+    async def _ballots(self, member: Member, keys: list[str]) -> dict[str, str] | None:
+        """The ballot ``member`` accepted each of ``keys`` at (absent: none)."""
         try:
             answer = await self._transport.request(
                 member.address,
@@ -272,14 +274,18 @@ class Repairer:
                 api.RECORD_VERSIONS.pattern,
                 body=api.versions_request(keys),
             )
-            return api.parse_versions_answer(answer.json())
+            return api.parse_ballots_answer(answer.json())
         except (SR3Error, KeyError, TypeError, ValueError, AttributeError) as exc:
-            log.info("repair: %s did not give record versions: %s", member.peer_id, exc)
+            log.info("repair: %s did not give record ballots: %s", member.peer_id, exc)
             return None
 
     async def _repair_records(
         self, ring: Ring, members: Mapping[str, Member], live: set[str], report: RoundReport
     ) -> None:
+        """Bring the key's acceptors up to the value accepted at the highest ballot: a
+        holder of it sends it as an accept at that ballot (``RecordStore.accept``), which
+        an acceptor takes only if it promised nothing higher, as if the proposer's own
+        accept had arrived late. Slots are compared by accepted ballot (``_ranks``)."""
         keys = self.records.keys()
         preference = {
             key: tuple(m.peer_id for m in ring.preference_list(key, self.settings.replication))
@@ -290,16 +296,17 @@ class Repairer:
             for peer_id in peers:
                 if peer_id != self.me and peer_id in live:
                     asked.setdefault(peer_id, []).append(key)
-        versions: dict[str, dict[str, int]] = {
-            key: {self.me: self.records.version(key)} for key in keys
+        ballots: dict[str, dict[str, Ballot | None]] = {
+            key: {self.me: _own_ballot(self.records.accepted(key))} for key in keys
         }
         for peer_id, peer_keys in asked.items():
-            answer = await self._versions(members[peer_id], peer_keys[:BATCH_IDS_MAX])
+            answer = await self._ballots(members[peer_id], peer_keys[:BATCH_IDS_MAX])
             if answer is None:
                 live.discard(peer_id)
                 continue
             for key in peer_keys:
-                versions[key][peer_id] = answer.get(key, 0)
+                ballots[key][peer_id] = _parse_ballot(answer.get(key))
+        versions = {key: _ranks(held) for key, held in ballots.items()}
         for key in keys:
             if versions[key][self.me] <= 0:
                 continue
@@ -308,27 +315,34 @@ class Repairer:
             )
             report.records_under_replicated += bool(action.push_to)
             for peer_id in action.push_to:
-                await self._push_record(key, members[peer_id], report)
+                await self._push_record(key, preference[key], members[peer_id], report)
             if action.delete_local:
                 await self.records.delete_local(key)
         await self._audit_refs(ring, members, live, preference, versions, report)
 
-    async def _push_record(self, key: str, member: Member, report: RoundReport) -> None:
-        record = await self.records.get(key)
-        if record is None:
+    async def _push_record(
+        self, key: str, preferred: tuple[str, ...], member: Member, report: RoundReport
+    ) -> None:
+        slot = await self.records.slot(key)
+        if slot.accepted is None:
             return
         try:
-            await self._transport.request(
+            answer = await self._transport.request(
                 member.address,
-                api.RECORD_PUT.method,
-                api.record_repair_path(
-                    key, record.version, len(record.refs), deleted=record.deleted
-                ),
-                body=record.envelope(),
+                api.PAXOS_ACCEPT.method,
+                api.accept_path(key, slot.accepted.wire(), paxos.view_digest(preferred)),
+                body=paxos.encode_slot(slot),
+                ok=(200, 409),
             )
         except SR3Error as exc:
             log.info("repair: pushing record %s to %s failed: %s", key, member.peer_id, exc)
             report.failures += 1
+            return
+        if answer.status == 409:
+            # A round at a higher ballot is under way there (or its member table differs):
+            # that round, or the next repair, settles the key.
+            log.info("repair: %s did not take record %s: %s", member.peer_id, key,
+                     api.parse_error(answer.body).message)  # fmt: skip
 
     async def _audit_refs(
         self, ring: Ring, members: Mapping[str, Member], live: set[str],
@@ -345,9 +359,7 @@ class Repairer:
                 (p for p in wanted if p in live and versions[key].get(p, 0) == newest), None
             )
             if coordinator == self.me:
-                record = await self.records.get(key)
-                if record is not None:
-                    referenced.update(record.refs)
+                referenced.update((await self.records.slot(key)).value.refs)
         missing = {chunk_id for chunk_id in referenced if not self.chunks.has(chunk_id)}
         if not missing:
             return
@@ -356,3 +368,24 @@ class Repairer:
         lost = sorted(chunk_id for chunk_id in missing if not holders[chunk_id])
         report.chunks_lost = len(lost)
         report.lost_examples = lost[:10]
+
+
+def _own_ballot(accepted: tuple[Ballot, str] | None) -> Ballot | None:
+    return None if accepted is None else accepted[0]
+
+
+def _parse_ballot(text: str | None) -> Ballot | None:
+    if text is None:
+        return None
+    try:
+        return Ballot.parse(text)
+    except ProtocolError:
+        return None
+
+
+def _ranks(held: Mapping[str, Ballot | None]) -> dict[str, int]:
+    """Each peer's accepted ballot as a rank (0: none accepted), for ``plan_record``,
+    which compares versions: a higher ballot is a newer state of the register."""
+    order = sorted({ballot for ballot in held.values() if ballot is not None})
+    rank = {ballot: index + 1 for index, ballot in enumerate(order)}
+    return {peer: 0 if ballot is None else rank[ballot] for peer, ballot in held.items()}

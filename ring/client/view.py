@@ -75,6 +75,17 @@ class RingView:
     # peer id -> "up" / "down", as the answering peer sees it
     states: Mapping[str, str]
     fetched_at: float
+    # The ring's own R and W (a client may choose others for chunks): records' consensus
+    # rounds use these, so that every proposer's quorums meet every other's.
+    ring_replication: int = 0
+    ring_write_quorum: int = 0
+
+    def record_quorums(self) -> tuple[int, int]:
+        """R and W for records: the ring's own."""
+        return (
+            self.ring_replication or self.replication,
+            self.ring_write_quorum or self.write_quorum,
+        )
 
 
 def parse_seeds(ring: str | Sequence[str]) -> tuple[str, ...]:
@@ -102,7 +113,10 @@ def union_views(views: Sequence[RingView], fetched_at: float) -> RingView:
                 states[member.peer_id] = state
     first = views[0]
     ring = Ring.build(members.values(), vnodes=first.ring.vnodes, zone_aware=first.ring.zone_aware)
-    return RingView(ring, first.replication, first.write_quorum, states, fetched_at)
+    return RingView(
+        ring, first.replication, first.write_quorum, states, fetched_at,
+        first.ring_replication, first.ring_write_quorum,
+    )  # fmt: skip
 
 
 def added_members(seen: RingView, wider: RingView, key: str) -> list[Member]:
@@ -270,7 +284,10 @@ class RingTracker:
         write_quorum = self.options.write_quorum or description.write_quorum
         if not 1 <= write_quorum <= replication:
             raise ConfigError(f"write quorum {write_quorum} must be in 1..R={replication}")
-        return RingView(ring, replication, write_quorum, states, self._clock())
+        return RingView(
+            ring, replication, write_quorum, states, self._clock(),
+            description.replication, description.write_quorum,
+        )  # fmt: skip
 
     # -- suspicion ----------------------------------------------------------------------
 

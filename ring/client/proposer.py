@@ -1,0 +1,361 @@
+"""The client's side of record rounds: a CASPaxos proposer (rules in ``ring.paxos``).
+
+``Proposer.run(key, step)`` decides the next value of one record: ``step`` maps the
+register's current state to the proposal and whether the caller's operation succeeded
+(a compare-and-set that finds another version proposes the state unchanged and fails, so
+that the state it reports is chosen before it says so). A round is a prepare on the key's
+R preferred peers, answered by ``R - W + 1`` promises, and an accept acknowledged by W.
+A proposer pre-empted by a higher ballot backs off (randomized, doubling) and retries
+above it, at most ``ROUND_ATTEMPTS_MAX`` times; under contention exactly one compare-and-
+set of a version wins, and the others fail with ``RecordConflict``.
+
+One round trip per replica in the common cases: a create may try the fast round first
+(all R must accept), and a writer that holds the promise of its next ballot on a key
+(``_Held``, given with its last accept) skips the prepare for its next change there.
+Reads that find the value chosen need no round at all (``ring.client.records``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ring import api, paxos
+from ring.client.view import Early, LatencyWindow, RingTracker, RingView
+from ring.errors import ProtocolError, QuorumError, SR3Error
+from ring.paxos import FAST, Ballot, Preempted, Slot, Value
+from ring.placement import Member
+from ring.transport import Transport
+
+__all__ = ["Acceptors", "Contention", "Proposer", "RoundStats", "Step"]
+
+# Rounds one operation may take (pre-empted, or told to refresh its member table)
+# before it gives up with ``Contention``; the backoff between them doubles from
+# BACKOFF_S_MIN up to BACKOFF_S_MAX, randomized so that duelling proposers separate.
+ROUND_ATTEMPTS_MAX = 16
+BACKOFF_S_MIN = 0.004
+BACKOFF_S_MAX = 0.4
+# Keys whose next ballot (and last value) a proposer remembers for the one-round-trip
+# path; the least recently used is forgotten past this.
+HELD_KEYS_MAX = 4096
+SLOT_ANSWER_BYTES_MAX = paxos.SLOT_BYTES_MAX
+
+# What ``step`` returns: the value to propose, and whether the operation succeeded.
+Step = Callable[[Value], tuple[Value, bool]]
+
+
+class Contention(SR3Error):
+    """A record operation was pre-empted ``ROUND_ATTEMPTS_MAX`` times in a row (other
+    proposers kept winning the key): it may or may not have taken effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptors:
+    """A key's acceptors as this client computes them."""
+
+    members: tuple[Member, ...]
+    replication: int
+    write_quorum: int
+    view: str
+
+    @property
+    def promise_quorum(self) -> int:
+        return self.replication - self.write_quorum + 1
+
+    @classmethod
+    def of(cls, ring_view: RingView, key: str) -> Acceptors:
+        replication, write_quorum = ring_view.record_quorums()
+        members = ring_view.ring.preference_list(key, replication)
+        view = paxos.view_digest([member.peer_id for member in members])
+        return cls(members, replication, write_quorum, view)
+
+
+@dataclass(slots=True)
+class RoundStats:
+    """How record operations went, for benchmarks and ``sr3 status``-like reports."""
+
+    operations: int = 0
+    rounds: int = 0
+    fast_creates: int = 0
+    held_writes: int = 0
+    preempted: int = 0
+    rounds_histogram: dict[int, int] = field(default_factory=dict)
+
+    def count(self, rounds: int) -> None:
+        self.operations += 1
+        self.rounds += rounds
+        self.rounds_histogram[rounds] = self.rounds_histogram.get(rounds, 0) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A promise this proposer holds on a key: ``ballot`` was promised, together with
+    accepting ``value``, by at least ``R - W + 1`` of the acceptors ``view`` names."""
+
+    ballot: Ballot
+    value: Value
+    view: str
+
+
+class _Refresh(SR3Error):
+    """An acceptor computes other acceptors for the key: refresh the member table."""
+
+
+class Proposer:
+    def __init__(self, transport: Transport, view: RingTracker) -> None:
+        self._transport = transport
+        self._view = view
+        self.id = secrets.token_hex(8)
+        self._counters: OrderedDict[str, int] = OrderedDict()
+        self._held: OrderedDict[str, _Held] = OrderedDict()
+        self._rng = random.Random()
+        self.prepare_latency = LatencyWindow()
+        self.accept_latency = LatencyWindow()
+        self.stats = RoundStats()
+        # Set by an accept of a value that may have reached an acceptor without being
+        # known chosen: the operation's outcome is then unknown if it later finds another
+        # value chosen above its own version (its write may be under it).
+        self.exposed = False
+
+    def new_op(self) -> str:
+        """An id for one operation: its value names it, so a retried round knows it."""
+        return secrets.token_hex(12)
+
+    # -- one operation ------------------------------------------------------------------
+
+    async def run(self, key: str, step: Step, *, create: Value | None = None) -> tuple[Value, bool]:
+        """Decide ``key``'s next value with ``step``; the value chosen and whether the
+        operation succeeded. ``create``: the value of a create, tried in the fast round
+        first (it succeeds only if every acceptor never held the key)."""
+        refresh = False
+        causes: list[str] = []
+        self.exposed = False
+        for attempt in range(1, ROUND_ATTEMPTS_MAX + 1):
+            acceptors = Acceptors.of(await self._view.ring(refresh=refresh), key)
+            refresh = False
+            try:
+                if attempt == 1:
+                    shortcut = await self._shortcut(key, acceptors, step, create)
+                    if shortcut is not None:
+                        self.stats.count(attempt)
+                        return shortcut
+                outcome = await self._round(key, acceptors, step, causes)
+            except _Refresh as exc:
+                causes.append(str(exc))
+                refresh = True
+                outcome = None
+            if outcome is not None:
+                self.stats.count(attempt)
+                return outcome
+            await asyncio.sleep(self._backoff_s(attempt))
+        raise Contention(
+            f"record {key!r}: no round decided it in {ROUND_ATTEMPTS_MAX} attempts "
+            f"(pre-empted by other writers, or acceptors disagreeing on the ring): "
+            + "; ".join(causes[-3:])
+        )
+
+    def _backoff_s(self, attempt: int) -> float:
+        ceiling = min(BACKOFF_S_MAX, BACKOFF_S_MIN * 2 ** (attempt - 1))
+        return self._rng.uniform(ceiling / 2, ceiling)
+
+    async def _shortcut(
+        self, key: str, acceptors: Acceptors, step: Step, create: Value | None
+    ) -> tuple[Value, bool] | None:
+        """One round trip instead of two: the promise this writer holds, or a fast
+        create. None when neither applies or it did not decide the value."""
+        held = self._held.pop(key, None)
+        if held is not None and held.view == acceptors.view:
+            proposal, ok = step(held.value)
+            fresh = ok and proposal != held.value
+            if fresh and await self._accept(
+                key, acceptors, held.ballot, proposal, hold=True, mine=True
+            ):
+                self.stats.held_writes += 1
+                return proposal, True
+            return None
+        if (
+            create is not None
+            and key not in self._counters
+            and await self._accept(
+                key, acceptors, FAST, create, hold=True, mine=True, all_needed=True
+            )
+        ):
+            self.stats.fast_creates += 1
+            return create, True
+        return None
+
+    async def _round(
+        self, key: str, acceptors: Acceptors, step: Step, causes: list[str]
+    ) -> tuple[Value, bool] | None:
+        """Prepare and accept at one ballot; None when pre-empted (retry higher)."""
+        ballot = self._next_ballot(key)
+        promises = await self._prepare(key, acceptors, ballot, causes)
+        if promises is None:
+            return None
+        _ballot, current = paxos.recovered_value(promises)
+        proposal, ok = step(current)
+        mine = ok and proposal != current
+        if await self._accept(key, acceptors, ballot, proposal, hold=ok, mine=mine, causes=causes):
+            return proposal, ok
+        return None
+
+    def _next_ballot(self, key: str) -> Ballot:
+        counter = self._counters.get(key, 0) + 1
+        self._note_counter(key, counter)
+        return Ballot(counter, self.id)
+
+    def _note_counter(self, key: str, counter: int) -> None:
+        if counter > self._counters.get(key, 0):
+            self._counters[key] = counter
+        self._counters.move_to_end(key)
+        while len(self._counters) > HELD_KEYS_MAX:
+            self._counters.popitem(last=False)
+
+    def _preempted_by(self, key: str, ballot: Ballot) -> None:
+        self.stats.preempted += 1
+        self._note_counter(key, ballot.counter)
+
+    # -- prepare ------------------------------------------------------------------------
+
+    async def _prepare_at(
+        self, member: Member, key: str, ballot: Ballot, view: str
+    ) -> Slot | Preempted:
+        answer = await self._transport.request(
+            member.address,
+            api.PAXOS_PREPARE.method,
+            api.prepare_path(key, ballot.wire(), view),
+            body_bytes_max=SLOT_ANSWER_BYTES_MAX,
+            ok=(200, 409),
+        )
+        if answer.status == 409:
+            return _refusal(answer.body)
+        slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
+        return slot
+
+    async def _prepare(
+        self, key: str, acceptors: Acceptors, ballot: Ballot, causes: list[str]
+    ) -> list[Slot] | None:
+        needed = acceptors.promise_quorum
+
+        def settled(answers: Sequence[tuple[Member, Slot | Preempted]], running: int) -> bool:
+            promised = sum(1 for _m, answer in answers if isinstance(answer, Slot))
+            return promised >= needed or promised + running < needed
+
+        result = await self._view.fan_out(
+            acceptors.members,
+            acceptors.replication,
+            lambda member, _hint: self._prepare_at(member, key, ballot, acceptors.view),
+            strict=True,
+            early=Early(settled, grace_s=0.0, background=False),
+            attempt_s=self._view.options.write_attempt_s,
+            latency=self.prepare_latency,
+        )
+        promises = [answer for _m, answer in result.answers if isinstance(answer, Slot)]
+        refusals = [answer for _m, answer in result.answers if isinstance(answer, Preempted)]
+        if len(promises) >= needed:
+            return promises
+        if refusals:
+            self._preempted_by(key, max(refusal.promised for refusal in refusals))
+            causes.append(f"ballot {ballot.wire()} pre-empted")
+            return None
+        causes.extend(result.causes)
+        raise QuorumError(f"record {key!r} (prepare)", len(promises), needed, result.causes)
+
+    # -- accept -------------------------------------------------------------------------
+
+    async def _accept_at(
+        self, member: Member, key: str, ballot: Ballot, body: bytes, view: str, following: str
+    ) -> bool | Preempted:
+        answer = await self._transport.request(
+            member.address,
+            api.PAXOS_ACCEPT.method,
+            api.accept_path(key, ballot.wire(), view, following),
+            body=body,
+            ok=(200, 409),
+        )
+        if answer.status == 409:
+            return _refusal(answer.body)
+        return True
+
+    async def _accept(
+        self,
+        key: str,
+        acceptors: Acceptors,
+        ballot: Ballot,
+        value: Value,
+        *,
+        hold: bool,
+        mine: bool = False,
+        all_needed: bool = False,
+        causes: list[str] | None = None,
+    ) -> bool:
+        """Whether ``value`` was chosen at ``ballot``: accepted by W acceptors (all R for
+        the fast round). With ``hold``, each accept also promises this proposer's next
+        ballot, which it keeps for the next change when enough acceptors gave it."""
+        needed = acceptors.replication if all_needed else acceptors.write_quorum
+        holding = max(acceptors.write_quorum, acceptors.promise_quorum)
+        following = Ballot(max(ballot.counter, self._counters.get(key, 0)) + 1, self.id)
+        # Noted before sending: a later prepare of this proposer goes above it.
+        self._note_counter(key, following.counter)
+        body = paxos.encode_slot(Slot(ballot, ballot, value))
+
+        def settled(answers: Sequence[tuple[Member, bool | Preempted]], running: int) -> bool:
+            acks = sum(1 for _m, answer in answers if answer is True)
+            return (acks >= needed and (acks >= holding or running == 0)) or (
+                acks + running < needed
+            )
+
+        result = await self._view.fan_out(
+            acceptors.members,
+            acceptors.replication,
+            lambda member, _hint: self._accept_at(
+                member, key, ballot, body, acceptors.view, following.wire()
+            ),
+            strict=True,
+            early=Early(settled, grace_s=0.0, background=True),
+            attempt_s=self._view.options.write_attempt_s,
+            latency=self.accept_latency,
+        )
+        acks = sum(1 for _m, answer in result.answers if answer is True)
+        refusals = [answer for _m, answer in result.answers if isinstance(answer, Preempted)]
+        if acks >= needed:
+            if hold and acks >= holding:
+                self._held[key] = _Held(following, value, acceptors.view)
+                self._held.move_to_end(key)
+                while len(self._held) > HELD_KEYS_MAX:
+                    self._held.popitem(last=False)
+            return True
+        if mine and (acks or result.unfinished or result.causes):
+            self.exposed = True
+        if refusals:
+            self._preempted_by(key, max(refusal.promised for refusal in refusals))
+            if causes is not None:
+                causes.append(f"ballot {ballot.wire()} pre-empted at accept")
+            return False
+        if all_needed:
+            return False
+        if causes is not None:
+            causes.extend(result.causes)
+        raise QuorumError(f"record {key!r}", acks, needed, result.causes)
+
+    def forget(self, key: str) -> None:
+        """Drop the promise held on ``key`` (its value may have changed elsewhere)."""
+        self._held.pop(key, None)
+
+
+def _refusal(body: bytes) -> Preempted:
+    """A 409's ballot (pre-empted), or ``_Refresh`` (the acceptor names other peers)."""
+    error = api.parse_error(body)
+    if error.code == "view":
+        raise _Refresh(error.message)
+    if error.code != "preempted":
+        raise ProtocolError(f"unexpected 409 from an acceptor: {error.code}")
+    try:
+        promised = api.load_json(body).get("promised")
+    except (ProtocolError, AttributeError) as exc:
+        raise ProtocolError("a pre-emption names the ballot promised") from exc
+    return Preempted(Ballot.parse(promised if isinstance(promised, str) else None, "promised"))

@@ -1,0 +1,210 @@
+"""The peer's side of record rounds: an acceptor that knows which keys it answers for.
+
+``ring.paxos`` has the rules and ``ring.records`` keeps the slots; this module adds what
+a peer in a changing ring must check before it applies them.
+
+**Whose round it is.** A proposer names the key's acceptors it computed (``view``: a
+digest of the R preferred peer ids). An acceptor that computes other acceptors refuses
+(409 ``view``): one of the two has a stale member table, and quorums drawn from two
+different sets of peers need not meet. The proposer refreshes its table and retries.
+
+**New owners catch up before they answer.** After a membership change a peer may be
+preferred for keys whose slots are elsewhere (a join, a leave, a removal after the grace);
+an empty slot there would count as a promise that never accepted anything and could hide a
+chosen value. So for ``sync_window_s`` after this peer started or saw the placement
+change, the first round that touches a key here first asks the key's other candidates for
+their slots (the R peers after this one in the key's walk: the other preferred peers and
+the next one, which held the key before a join) and merges them (``RecordStore.merge``).
+It needs ``R - W + 1`` answers from peers that compute the same acceptors as it does:
+those will refuse proposers that still use the old ones, so no value can be chosen
+among the old acceptors afterwards without one of them. Until it has them, it answers
+503 ``syncing`` and the proposer counts it as unavailable. After the window, repair has
+moved slots to their new owners (it pushes them as accepts, ``RecordStore.accept``).
+
+Where this stops: more than ``R - W`` of a key's acceptors lost at once (a removal and a
+frozen peer, say) can leave no copy of a chosen value among the peers a new owner asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ring import api, paxos
+from ring.errors import ProtocolError, SR3Error
+from ring.membership import MemberTable
+from ring.paxos import Ballot, Preempted, Slot, Value
+from ring.placement import Member, Ring
+from ring.records import RECORD_BYTES_MAX, RecordStore
+from ring.transport import Transport
+
+__all__ = ["Acceptor", "AcceptorSettings", "Syncing", "ViewMismatch"]
+
+log = logging.getLogger(__name__)
+
+# Keys remembered as caught up since the last placement change; past it, a key catches
+# up again on its next round (correct, only slower).
+SYNCED_KEYS_MAX = 65_536
+SYNC_ATTEMPT_S = 2.0
+
+
+class ViewMismatch(SR3Error):
+    """A proposer computed other acceptors for a key than this peer did (409 ``view``)."""
+
+
+class Syncing(SR3Error):
+    """This peer could not yet catch up on a key it newly answers for (503 ``syncing``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptorSettings:
+    replication: int
+    write_quorum: int
+    vnodes: int
+    zone_aware: bool
+    sync_window_s: float
+
+
+class Acceptor:
+    def __init__(
+        self,
+        me: str,
+        records: RecordStore,
+        table: Callable[[], MemberTable],
+        transport: Transport,
+        settings: AcceptorSettings,
+        clock: Callable[[], float],
+    ) -> None:
+        self._me = me
+        self._records = records
+        self._table = table
+        self._transport = transport
+        self._settings = settings
+        self._clock = clock
+        self._ring: Ring | None = None
+        self._placement: tuple[Member, ...] | None = None
+        # Start counts as a change: this peer may have been away while keys moved.
+        self._changed_at = clock()
+        self._synced: set[str] = set()
+        self._syncing: dict[str, asyncio.Lock] = {}
+        self.syncs = 0
+
+    # -- who answers for a key ----------------------------------------------------------
+
+    def ring(self) -> Ring:
+        placement = self._table().placement()
+        if self._ring is None or placement != self._placement:
+            if self._placement is not None:
+                self._changed_at = self._clock()
+                self._synced.clear()
+            self._placement = placement
+            settings = self._settings
+            self._ring = Ring.build(
+                placement, vnodes=settings.vnodes, zone_aware=settings.zone_aware
+            )
+        return self._ring
+
+    def preferred(self, key: str) -> tuple[str, ...]:
+        members = self.ring().preference_list(key, self._settings.replication)
+        return tuple(member.peer_id for member in members)
+
+    def digest(self, key: str) -> str:
+        return paxos.view_digest(self.preferred(key))
+
+    def _check_view(self, key: str, view: str) -> None:
+        preferred = self.preferred(key)
+        if paxos.view_digest(preferred) != view or self._me not in preferred:
+            raise ViewMismatch(
+                f"record {key!r}: this peer's member table names other acceptors "
+                f"({', '.join(preferred)}); refresh the member table and retry"
+            )
+
+    # -- catching up --------------------------------------------------------------------
+
+    def _must_sync(self, key: str) -> bool:
+        self.ring()
+        recent = self._clock() - self._changed_at < self._settings.sync_window_s
+        return recent and key not in self._synced
+
+    async def _sync(self, key: str) -> None:
+        if not self._must_sync(key):
+            return
+        lock = self._syncing.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                if self._must_sync(key):
+                    await self._catch_up(key)
+        finally:
+            if not lock.locked() and self._syncing.get(key) is lock:
+                del self._syncing[key]
+
+    async def _catch_up(self, key: str) -> None:
+        ring = self.ring()
+        settings = self._settings
+        table = self._table()
+        live = table.live()
+        others = [m for m in ring.walk(key) if m.peer_id != self._me][: settings.replication]
+        mine = self.digest(key)
+
+        async def ask(member: Member) -> Slot | None:
+            try:
+                async with asyncio.timeout(SYNC_ATTEMPT_S):
+                    answer = await self._transport.request(
+                        member.address,
+                        api.RECORD_GET.method,
+                        api.record_raw_path(key),
+                        body_bytes_max=paxos.SLOT_BYTES_MAX,
+                        ok=(200, 404),
+                    )
+            except (TimeoutError, SR3Error) as exc:
+                log.info("catching up on %s: %s did not answer: %s", key, member.peer_id, exc)
+                return None
+            if answer.headers.get(api.HEADER_VIEW) != mine:
+                return None
+            if answer.status == 404:
+                return paxos.NOTHING
+            try:
+                slot, _meta = paxos.decode_slot(answer.body, RECORD_BYTES_MAX)
+            except ProtocolError as exc:
+                log.warning("catching up on %s: %s sent a bad slot: %s", key, member.peer_id, exc)
+                return None
+            return slot
+
+        asked = [m for m in others if m.peer_id in live]
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(ask(member)) for member in asked]
+        slots = [slot for task in tasks if (slot := task.result()) is not None]
+        needed = settings.replication - settings.write_quorum + 1
+        if len(slots) < needed:
+            raise Syncing(
+                f"record {key!r}: this peer newly answers for it and heard from "
+                f"{len(slots)} of the {needed} peers it needs to catch up; retry"
+            )
+        await self._records.merge(key, slots)
+        self.syncs += 1
+        if len(self._synced) < SYNCED_KEYS_MAX:
+            self._synced.add(key)
+
+    # -- the acceptor's messages --------------------------------------------------------
+
+    async def read(self, key: str, view: str | None) -> Slot:
+        """This peer's slot for a proposer (``view`` given: caught up first) or for a
+        peer catching up (``view`` None: as it is, never waiting on others)."""
+        if view is not None:
+            self._check_view(key, view)
+            await self._sync(key)
+        return await self._records.slot(key)
+
+    async def prepare(self, key: str, ballot: Ballot, view: str) -> Slot | Preempted:
+        self._check_view(key, view)
+        await self._sync(key)
+        return await self._records.prepare(key, ballot)
+
+    async def accept(
+        self, key: str, ballot: Ballot, value: Value, following: Ballot | None, view: str
+    ) -> Slot | Preempted:
+        self._check_view(key, view)
+        await self._sync(key)
+        return await self._records.accept(key, ballot, value, following)
