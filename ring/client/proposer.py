@@ -36,7 +36,7 @@ __all__ = ["Acceptors", "Contention", "Proposer", "RoundStats", "Step"]
 # Rounds one operation may take (pre-empted, or told to refresh its member table)
 # before it gives up with ``Contention``; the backoff between them doubles from
 # BACKOFF_S_MIN up to BACKOFF_S_MAX, randomized so that duelling proposers separate.
-ROUND_ATTEMPTS_MAX = 16
+ROUND_ATTEMPTS_MAX = 24
 BACKOFF_S_MIN = 0.004
 BACKOFF_S_MAX = 0.4
 # Keys whose next ballot (and last value) a proposer remembers for the one-round-trip
