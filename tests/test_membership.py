@@ -10,6 +10,7 @@ from ring.clock import Clocks
 from ring.errors import ProtocolError
 from ring.membership import Entry, MemberTable, Timeouts
 from ring.node import Node
+from ring.paxos import Ballot, Slot, Value
 from ring.peer_config import PeerConfig
 
 
@@ -218,6 +219,7 @@ async def test_durations_of_a_node_ignore_wall_steps_and_stored_times_use_wall(
     assert node.foreground.busy
     time.tick(1.0, wall_step_s=-HOUR_S)
     assert not node.foreground.busy
-    tombstone = await node.records.delete("k", expected_version=0)
-    assert tombstone.deleted_at == time.wall_now
+    ballot = Ballot(1, "ab")
+    tombstone = await node.records.accept("k", ballot, Value(1, deleted=True, op="01"))
+    assert isinstance(tombstone, Slot) and tombstone.deleted_at == time.wall_now
     assert node.clock() == time.wall_now  # request signatures: compared across machines

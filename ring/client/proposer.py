@@ -329,7 +329,11 @@ class Proposer:
                 while len(self._held) > HELD_KEYS_MAX:
                     self._held.popitem(last=False)
             return True
-        if mine and (acks or result.unfinished or result.causes):
+        # A fast-round value refused by any acceptor can never be chosen (that needs all
+        # R) nor recovered (that needs every promise to hold it); any other value that
+        # reached an acceptor, or may have, can still be chosen by a later round.
+        fast_refused = ballot == FAST and bool(refusals)
+        if mine and not fast_refused and (acks or result.unfinished or result.causes):
             self.exposed = True
         if refusals:
             self._preempted_by(key, max(refusal.promised for refusal in refusals))
