@@ -134,8 +134,9 @@ class Proposer:
         refresh = False
         causes: list[str] = []
         self.exposed = False
+        mismatches = 0
         for attempt in range(1, ROUND_ATTEMPTS_MAX + 1):
-            acceptors = Acceptors.of(await self._view.ring(refresh=refresh), key)
+            acceptors = await self.acceptors(key, mismatches if refresh else 0)
             refresh = False
             try:
                 if attempt == 1:
@@ -147,6 +148,7 @@ class Proposer:
             except _Refresh as exc:
                 causes.append(str(exc))
                 refresh = True
+                mismatches += 1
                 outcome = None
             if outcome is not None:
                 self.stats.count(attempt)
@@ -157,6 +159,18 @@ class Proposer:
             f"(pre-empted by other writers, or acceptors disagreeing on the ring): "
             + "; ".join(causes[-3:])
         )
+
+    async def acceptors(self, key: str, mismatches: int = 0) -> Acceptors:
+        """The key's acceptors, from a member table refreshed after one acceptor named
+        others, and widened (the union of the tables every member serves) after two: a
+        seed that serves a partial table would otherwise be asked again."""
+        if mismatches == 0:
+            return Acceptors.of(await self._view.ring(), key)
+        if mismatches == 1:
+            return Acceptors.of(await self._view.ring(refresh=True), key)
+        seen = await self._view.ring()
+        wider = await self._view.wider_ring(seen)
+        return Acceptors.of(wider or seen, key)
 
     def _backoff_s(self, attempt: int) -> float:
         ceiling = min(BACKOFF_S_MAX, BACKOFF_S_MIN * 2 ** (attempt - 1))

@@ -84,7 +84,7 @@ class RecordIO:
         that proposes what it finds."""
         causes: list[str] = []
         for attempt in range(READ_REFRESHES_MAX + 1):
-            acceptors = Acceptors.of(await self._view.ring(refresh=attempt > 0), key)
+            acceptors = await self.proposer.acceptors(key, attempt)
             slots, failed = await self._read_slots(key, acceptors)
             causes += failed
             chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
