@@ -11,10 +11,12 @@ different sets of peers need not meet. The proposer refreshes its table and retr
 **New owners catch up before they answer.** After a membership change a peer may be
 preferred for keys whose slots are elsewhere (a join, a leave, a removal after the grace);
 an empty slot there would count as a promise that never accepted anything and could hide a
-chosen value. So for ``sync_window_s`` after this peer started or saw the placement
-change, the first round that touches a key here first asks the key's other candidates for
-their slots (the R peers after this one in the key's walk: the other preferred peers and
-the next one, which held the key before a join) and merges them (``RecordStore.merge``).
+chosen value. So for ``sync_window_s`` after this peer started (it may have been away
+while others took its keys over) or after a placement under which it was not one of a
+key's acceptors, the first round that touches such a key here first asks the key's other
+candidates for their slots (the R peers after this one in the key's walk: the other
+preferred peers and the next one, which held the key before a join) and merges them
+(``RecordStore.merge``).
 It needs ``R - W + 1`` answers from peers that compute the same acceptors as it does:
 those will refuse proposers that still use the old ones, so no value can be chosen
 among the old acceptors afterwards without one of them. Until it has them, it answers
@@ -85,8 +87,10 @@ class Acceptor:
         self._clock = clock
         self._ring: Ring | None = None
         self._placement: tuple[Member, ...] | None = None
-        # Start counts as a change: this peer may have been away while keys moved.
-        self._changed_at = clock()
+        # The rings that were current within the window, with when they stopped being
+        # (None: unknown, what this peer missed while it was not running: it may have
+        # been away while others took its keys over).
+        self._history: list[tuple[float, Ring | None]] = [(clock(), None)]
         self._synced: set[str] = set()
         self._syncing: dict[str, asyncio.Lock] = {}
         self.syncs = 0
@@ -96,8 +100,8 @@ class Acceptor:
     def ring(self) -> Ring:
         placement = self._table().placement()
         if self._ring is None or placement != self._placement:
-            if self._placement is not None:
-                self._changed_at = self._clock()
+            if self._ring is not None:
+                self._history.append((self._clock(), self._ring))
                 self._synced.clear()
             self._placement = placement
             settings = self._settings
@@ -124,9 +128,19 @@ class Acceptor:
     # -- catching up --------------------------------------------------------------------
 
     def _must_sync(self, key: str) -> bool:
+        """Whether this peer may hold less than it should for ``key``: a ring current
+        within the window (or a time it was not running) had other acceptors for it."""
         self.ring()
-        recent = self._clock() - self._changed_at < self._settings.sync_window_s
-        return recent and key not in self._synced
+        horizon = self._clock() - self._settings.sync_window_s
+        self._history = [(at, ring) for at, ring in self._history if at >= horizon]
+        if not self._history or key in self._synced:
+            return False
+        replication = self._settings.replication
+        return any(
+            ring is None
+            or all(m.peer_id != self._me for m in ring.preference_list(key, replication))
+            for _at, ring in self._history
+        )
 
     async def _sync(self, key: str) -> None:
         if not self._must_sync(key):
@@ -176,7 +190,8 @@ class Acceptor:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(ask(member)) for member in asked]
         slots = [slot for task in tasks if (slot := task.result()) is not None]
-        needed = settings.replication - settings.write_quorum + 1
+        # In a ring of fewer than R + 1 peers, every other peer is asked.
+        needed = min(settings.replication - settings.write_quorum + 1, len(others))
         if len(slots) < needed:
             raise Syncing(
                 f"record {key!r}: this peer newly answers for it and heard from "

@@ -230,13 +230,14 @@ class Node:
         )  # fmt: skip
 
         # A peer that newly answers for a key catches up on it first, for as long as
-        # repair may take to move records after a change (ring.consensus).
+        # repair may take to move records after a change: it notices the change within
+        # the failure timeout and pushes within a round or two (ring.consensus).
         self._acceptor = Acceptor(
             config.peer_id, self.records, lambda: self.table, self.data_transport,
             AcceptorSettings(
                 replication=config.replication, write_quorum=config.write_quorum,
                 vnodes=config.vnodes, zone_aware=config.zone_aware,
-                sync_window_s=config.removal_grace_s + 3 * config.repair_interval_s,
+                sync_window_s=config.failure_timeout_s + 3 * config.repair_interval_s,
             ),
             self.clocks.monotonic,
         )  # fmt: skip

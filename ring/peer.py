@@ -117,6 +117,11 @@ class Peer:
         gauge("sr3_peer_stored_bytes", "Stored bytes.", lambda: self.chunks.stats().stored_bytes)
         gauge("sr3_peer_records", "Records stored.", self.records.count)
         gauge(
+            "sr3_peer_record_catch_ups",
+            "Record slots this peer caught up on from others before answering a round.",
+            lambda: node.acceptor.syncs,
+        )
+        gauge(
             "sr3_peer_hints_pending", "Hinted chunks not yet handed back.", lambda: len(node.hints)
         )
         gauge("sr3_peer_members_up", "Members this peer sees up.", lambda: len(node.table.live()))
