@@ -120,6 +120,17 @@ class RecordConflict(SR3Error):
         self.current = current
 
 
+class RecordUnknown(SR3Error):
+    """A record write was interrupted after its value reached some acceptors, and another
+    value is now chosen above its version: it may have taken effect (and been
+    overwritten) or not. Read the record to see where it stands."""
+
+
+class RecordContention(SR3Error):
+    """A record operation was pre-empted by other writers' rounds on the key as many times
+    as it may retry: it may or may not have taken effect."""
+
+
 class NotFound(SR3Error):
     """No such record or blob."""
 

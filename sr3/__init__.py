@@ -31,6 +31,8 @@ if TYPE_CHECKING:
         NotFound,
         QuorumError,
         RecordConflict,
+        RecordContention,
+        RecordUnknown,
         SR3Error,
     )
     from ring.sync_client import SyncClient
@@ -51,6 +53,8 @@ _EXPORTS = {
     "NotFound": "ring.errors",
     "QuorumError": "ring.errors",
     "RecordConflict": "ring.errors",
+    "RecordContention": "ring.errors",
+    "RecordUnknown": "ring.errors",
     "RecordValue": "ring.client",
     "RingStatus": "ring.client",
     "SR3Error": "ring.errors",
@@ -72,6 +76,8 @@ __all__ = [
     "NotFound",
     "QuorumError",
     "RecordConflict",
+    "RecordContention",
+    "RecordUnknown",
     "RecordValue",
     "RingStatus",
     "SR3Error",

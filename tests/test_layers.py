@@ -27,6 +27,8 @@ PUBLIC = {
     "NotFound",
     "QuorumError",
     "RecordConflict",
+    "RecordContention",
+    "RecordUnknown",
     "RecordValue",
     "RingStatus",
     "SR3Error",

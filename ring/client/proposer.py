@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 
 from ring import api, paxos
 from ring.client.view import Early, LatencyWindow, RingTracker, RingView
-from ring.errors import ProtocolError, QuorumError, SR3Error
+from ring.errors import ProtocolError, QuorumError, RecordContention, SR3Error
 from ring.paxos import FAST, Ballot, Preempted, Slot, Value
 from ring.placement import Member
 from ring.transport import Transport
 
-__all__ = ["Acceptors", "Contention", "Proposer", "RoundStats", "Step"]
+__all__ = ["Acceptors", "Proposer", "RoundStats", "Step"]
 
 # Rounds one operation may take (pre-empted, or told to refresh its member table)
-# before it gives up with ``Contention``; the backoff between them doubles from
+# before it gives up with ``RecordContention``; the backoff between them doubles from
 # BACKOFF_S_MIN up to BACKOFF_S_MAX, randomized so that duelling proposers separate.
 ROUND_ATTEMPTS_MAX = 24
 BACKOFF_S_MIN = 0.004
@@ -46,11 +46,6 @@ SLOT_ANSWER_BYTES_MAX = paxos.SLOT_BYTES_MAX
 
 # What ``step`` returns: the value to propose, and whether the operation succeeded.
 Step = Callable[[Value], tuple[Value, bool]]
-
-
-class Contention(SR3Error):
-    """A record operation was pre-empted ``ROUND_ATTEMPTS_MAX`` times in a row (other
-    proposers kept winning the key): it may or may not have taken effect."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +149,7 @@ class Proposer:
                 self.stats.count(attempt)
                 return outcome
             await asyncio.sleep(self._backoff_s(attempt))
-        raise Contention(
+        raise RecordContention(
             f"record {key!r}: no round decided it in {ROUND_ATTEMPTS_MAX} attempts "
             f"(pre-empted by other writers, or acceptors disagreeing on the ring): "
             + "; ".join(causes[-3:])

@@ -19,22 +19,22 @@ from ring import api, paxos
 from ring.client.options import RecordValue
 from ring.client.proposer import Acceptors, Proposer
 from ring.client.view import Early, LatencyWindow, RingTracker
-from ring.errors import DataUnavailable, ProtocolError, QuorumError, RecordConflict, SR3Error
+from ring.errors import (
+    DataUnavailable,
+    ProtocolError,
+    QuorumError,
+    RecordConflict,
+    RecordUnknown,
+)
 from ring.paxos import Slot, Value
 from ring.placement import Member
 from ring.transport import Transport
 
-__all__ = ["RecordIO", "RecordUnknown"]
+__all__ = ["RecordIO"]
 
 # A read asks again with a refreshed member table at most this many times when an
 # acceptor computes other acceptors for the key.
 READ_REFRESHES_MAX = 2
-
-
-class RecordUnknown(SR3Error):
-    """A record write was interrupted after its value reached some acceptors, and another
-    value is now chosen above its version: it may have taken effect and been overwritten,
-    or not at all."""
 
 
 class RecordIO:
