@@ -156,10 +156,12 @@ class Preempted:
 
 
 def prepare(slot: Slot, ballot: Ballot) -> Slot | Preempted:
-    """Promise ``ballot`` (a classic one) if it is above every ballot promised here."""
+    """Promise ``ballot`` (a classic one) unless a higher ballot was promised or accepted
+    here. The same ballot again is the same proposer's resent prepare (ballots are unique
+    to a proposer, which never reuses one): it gets the same promise."""
     if ballot == FAST:
         raise ProtocolError("ballot 0 is only for a fast create's accept")
-    if ballot <= slot.promised or (slot.accepted is not None and ballot <= slot.accepted):
+    if ballot < slot.promised or (slot.accepted is not None and ballot < slot.accepted):
         return Preempted(max(slot.promised, slot.accepted or FAST))
     return replace(slot, promised=ballot)
 
@@ -168,7 +170,10 @@ def accept(
     slot: Slot, ballot: Ballot, value: Value, following: Ballot | None, now: float
 ) -> Slot | Preempted:
     """Accept ``value`` at ``ballot`` if nothing higher was promised (ballot 0: only on a
-    pristine slot), promising ``following`` with it when given."""
+    pristine slot), promising ``following`` with it when given. The same accept again
+    (a resent message) is acknowledged and changes nothing."""
+    if slot.accepted == ballot and slot.value == value:
+        return slot
     if ballot == FAST:
         if not slot.pristine:
             return Preempted(max(slot.promised, slot.accepted or FAST, Ballot(1, "")))

@@ -108,6 +108,7 @@ class Proposer:
         self._counters: OrderedDict[str, int] = OrderedDict()
         self._held: OrderedDict[str, _Held] = OrderedDict()
         self._rng = random.Random()
+        self.read_latency = LatencyWindow()
         self.prepare_latency = LatencyWindow()
         self.accept_latency = LatencyWindow()
         self.stats = RoundStats()
@@ -145,6 +146,8 @@ class Proposer:
                 refresh = True
                 mismatches += 1
                 outcome = None
+            if outcome is None and not refresh:
+                outcome = await self._settled_by_others(key, acceptors, step)
             if outcome is not None:
                 self.stats.count(attempt)
                 return outcome
@@ -166,6 +169,51 @@ class Proposer:
         seen = await self._view.ring()
         wider = await self._view.wider_ring(seen)
         return Acceptors.of(wider or seen, key)
+
+    # -- reading slots ------------------------------------------------------------------
+
+    async def _slot_at(self, member: Member, key: str, view: str) -> Slot:
+        answer = await self._transport.request(
+            member.address,
+            api.RECORD_GET.method,
+            api.record_round_path(key, view),
+            body_bytes_max=SLOT_ANSWER_BYTES_MAX,
+        )
+        slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
+        return slot
+
+    async def read_slots(self, key: str, acceptors: Acceptors) -> tuple[list[Slot], list[str]]:
+        """The acceptors' slots for ``key`` (returning as soon as they show the value
+        chosen), and why the others failed."""
+
+        def enough(answers: Sequence[tuple[Member, Slot]], _running: int) -> bool:
+            slots = [slot for _m, slot in answers]
+            chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
+            return chosen is not None
+
+        result = await self._view.fan_out(
+            acceptors.members,
+            acceptors.replication,
+            lambda member, _hint: self._slot_at(member, key, acceptors.view),
+            strict=True,
+            early=Early(enough, grace_s=0.0, background=False),
+            attempt_s=self._view.options.read_attempt_s,
+            latency=self.read_latency,
+        )
+        return [slot for _m, slot in result.answers], result.causes
+
+    async def _settled_by_others(
+        self, key: str, acceptors: Acceptors, step: Step
+    ) -> tuple[Value, bool] | None:
+        """After a pre-emption: the outcome, if the value another writer got chosen
+        already decides it (a compare-and-set it defeats, this writer's own value, or a
+        read), so that a loser learns it lost from one read instead of more rounds."""
+        slots, _failed = await self.read_slots(key, acceptors)
+        chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
+        if chosen is None:
+            return None
+        proposal, ok = step(chosen)
+        return (chosen, ok) if proposal == chosen else None
 
     def _backoff_s(self, attempt: int) -> float:
         ceiling = min(BACKOFF_S_MAX, BACKOFF_S_MIN * 2 ** (attempt - 1))

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from ring import api, paxos
 from ring.client.options import RecordValue
-from ring.client.proposer import Acceptors, Proposer
-from ring.client.view import Early, LatencyWindow, RingTracker
+from ring.client.proposer import Proposer
+from ring.client.view import RingTracker
 from ring.errors import (
     DataUnavailable,
     ProtocolError,
@@ -26,7 +26,7 @@ from ring.errors import (
     RecordConflict,
     RecordUnknown,
 )
-from ring.paxos import Slot, Value
+from ring.paxos import Value
 from ring.placement import Member
 from ring.transport import Transport
 
@@ -44,40 +44,9 @@ class RecordIO:
         self._transport = transport
         self._view = view
         self.proposer = Proposer(transport, view)
-        # How long recent slot reads took: the grace that slower replicas get once the
-        # answers show the value chosen.
-        self.read_latency = LatencyWindow()
         self.rounds_for_reads = 0
 
     # -- reads --------------------------------------------------------------------------
-
-    async def _slot_at(self, member: Member, key: str, view: str) -> Slot:
-        answer = await self._transport.request(
-            member.address,
-            api.RECORD_GET.method,
-            api.record_round_path(key, view),
-            body_bytes_max=paxos.SLOT_BYTES_MAX,
-        )
-        slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
-        return slot
-
-    async def _read_slots(self, key: str, acceptors: Acceptors) -> tuple[list[Slot], list[str]]:
-        def enough(answers: Sequence[tuple[Member, Slot]], _running: int) -> bool:
-            slots = [slot for _m, slot in answers]
-            return (
-                paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum) is not None
-            )
-
-        result = await self._view.fan_out(
-            acceptors.members,
-            acceptors.replication,
-            lambda member, _hint: self._slot_at(member, key, acceptors.view),
-            strict=True,
-            early=Early(enough, grace_s=0.0, background=False),
-            attempt_s=self._view.options.read_attempt_s,
-            latency=self.read_latency,
-        )
-        return [slot for _m, slot in result.answers], result.causes
 
     async def read_value(self, key: str) -> Value:
         """The register's state, chosen: from the slots when they show it, else by a round
@@ -85,7 +54,7 @@ class RecordIO:
         causes: list[str] = []
         for attempt in range(READ_REFRESHES_MAX + 1):
             acceptors = await self.proposer.acceptors(key, attempt)
-            slots, failed = await self._read_slots(key, acceptors)
+            slots, failed = await self.proposer.read_slots(key, acceptors)
             causes += failed
             chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
             if chosen is not None:
