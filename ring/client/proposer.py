@@ -42,6 +42,9 @@ BACKOFF_S_MAX = 0.4
 # Keys whose next ballot (and last value) a proposer remembers for the one-round-trip
 # path; the least recently used is forgotten past this.
 HELD_KEYS_MAX = 4096
+# ... and for at most this long: a promise is not a lease, but an old one is unlikely to
+# still stand, and a slot collected since (a tombstone's TTL) must not take a stale value.
+HELD_FOR_S = 60.0
 SLOT_ANSWER_BYTES_MAX = paxos.SLOT_BYTES_MAX
 
 # What ``step`` returns: the value to propose, and whether the operation succeeded.
@@ -66,7 +69,9 @@ class Acceptors:
         replication, write_quorum = ring_view.record_quorums()
         members = ring_view.ring.preference_list(key, replication)
         view = paxos.view_digest([member.peer_id for member in members])
-        return cls(members, replication, write_quorum, view)
+        # A ring of fewer than R peers: every peer is an acceptor, and "all R" (the fast
+        # round, chosen reads) means all of them.
+        return cls(members, min(replication, len(members)), write_quorum, view)
 
 
 @dataclass(slots=True)
@@ -94,6 +99,7 @@ class _Held:
     ballot: Ballot
     value: Value
     view: str
+    at: float
 
 
 class _Refresh(SR3Error):
@@ -225,7 +231,8 @@ class Proposer:
         """One round trip instead of two: the promise this writer holds, or a fast
         create. None when neither applies or it did not decide the value."""
         held = self._held.pop(key, None)
-        if held is not None and held.view == acceptors.view:
+        fresh_enough = held is not None and self._view.clock() - held.at < HELD_FOR_S
+        if held is not None and fresh_enough and held.view == acceptors.view:
             proposal, ok = step(held.value)
             fresh = ok and proposal != held.value
             if fresh and await self._accept(
@@ -381,7 +388,7 @@ class Proposer:
         refusals = [answer for _m, answer in result.answers if isinstance(answer, Preempted)]
         if acks >= needed:
             if hold and acks >= holding:
-                self._held[key] = _Held(following, value, acceptors.view)
+                self._held[key] = _Held(following, value, acceptors.view, self._view.clock())
                 self._held.move_to_end(key)
                 while len(self._held) > HELD_KEYS_MAX:
                     self._held.popitem(last=False)
