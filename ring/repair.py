@@ -309,6 +309,9 @@ class Repairer:
         versions = {key: _ranks(held) for key, held in ballots.items()}
         for key in keys:
             if versions[key][self.me] <= 0:
+                # A bare promise, no value: it means something only on an acceptor.
+                if self.me not in preference[key]:
+                    await self.records.delete_local(key)
                 continue
             action = plan_record(
                 self.me, preference[key], versions[key], live, self.settings.replication
