@@ -4,6 +4,12 @@ Every test here sends requests by hand (signed with ``ring.auth.Signer`` where t
 needs a valid signature) to one peer of the shared 5-peer ring, checks the status, the
 JSON error body and that nothing was stored, and afterwards (``peer_stays_up``) that
 every peer still answers ``GET /v1/health`` with 200 from the same process.
+
+Records change only through consensus messages (``POST /v1/paxos/prepare|accept``):
+tests that need a request that would store something send those to one of the key's
+acceptors, with the view digest that peer computes, so that only the case under test
+(a missing signature, a malformed ballot) stands between the request and the disk;
+"nothing stored" means the peer's slot for the key is still ``paxos.NOTHING``.
 """
 
 from __future__ import annotations
@@ -13,17 +19,20 @@ import json
 import random
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import HttpProbe, metric_value, peer_address
+from support import Answer, HttpProbe, metric_value, peer_address
 
-from ring import codec
+from ring import api, codec, paxos
 from ring.api import EXISTS_IDS_MAX, REQUEST_BYTES_MAX
 from ring.auth import Signer
 from ring.client import Client
-from ring.errors import AuthError
+from ring.client.proposer import Acceptors
+from ring.errors import AuthError, QuorumError
+from ring.paxos import FAST, Ballot, Slot, Value
+from ring.placement import Member, Ring
 from sr3.local import LocalCluster
 
 WRONG_SECRET = "not-the-cluster-secret-0123456789"
@@ -69,6 +78,54 @@ async def _chunk_absent(probe: HttpProbe, address: str, chunk_id: str) -> bool:
     return answer.status == 404
 
 
+async def _preferred(probe: HttpProbe, address: str, key: str) -> tuple[str, ...]:
+    """The key's acceptors as the peer at ``address`` computes them (its own table)."""
+    answer = await probe.signed(address, "GET", api.RING.pattern)
+    assert answer.status == 200, answer
+    description = api.RingDescription.from_json(answer.json())
+    ring = Ring.build(
+        (Member(m.peer_id, m.address, m.zone) for m in description.members),
+        vnodes=description.vnodes,
+        zone_aware=description.zone_aware,
+    )
+    return tuple(m.peer_id for m in ring.preference_list(key, description.replication))
+
+
+def _peer_id(cluster: LocalCluster, address: str) -> str:
+    return next(peer.peer_id for peer in cluster.cluster.peers if peer.address == address)
+
+
+async def _key_on(
+    probe: HttpProbe, cluster: LocalCluster, address: str, stem: str, rng: random.Random
+) -> tuple[str, str]:
+    """A fresh key whose acceptors include the peer at ``address``, and their view."""
+    peer_id = _peer_id(cluster, address)
+    base = rng.randrange(10**9)
+    for index in range(200):
+        key = f"{stem}/{base}-{index}"
+        preferred = await _preferred(probe, address, key)
+        if peer_id in preferred:
+            return key, paxos.view_digest(preferred)
+    raise AssertionError(f"no key of {stem} on {peer_id}")
+
+
+async def _slot(probe: HttpProbe, address: str, key: str) -> Slot:
+    """This peer's slot for ``key`` as it is (no view: never a round, never waits)."""
+    answer = await probe.signed(address, "GET", api.record_raw_path(key))
+    assert answer.status == 200, answer
+    slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
+    return slot
+
+
+def _proposal(ballot: Ballot, value: Value) -> bytes:
+    """An accept's body: the slot encoding of ``value`` at ``ballot``."""
+    return paxos.encode_slot(Slot(ballot, ballot, value))
+
+
+# A classic ballot of a proposer that does not exist (the ring's clients pick random ids).
+BALLOT = Ballot(3, "7e57")
+
+
 # -- authentication ------------------------------------------------------------------------
 
 
@@ -89,20 +146,26 @@ async def test_request_without_credentials_is_401_and_stores_nothing(
     peer_stays_up: LocalCluster, target: str, rng: random.Random
 ) -> None:
     """Breaks: requests carry no Authorization header. Must hold: 401 with a JSON error
-    for every route but health; the chunk and the record are not stored; an existing
-    chunk is not served."""
+    for every route but health; the chunk is not stored, and the record's slot on one
+    of its acceptors is untouched by a prepare and an accept that would otherwise be
+    taken; an existing chunk is not served."""
     chunk_id, stored = _fresh_chunk(rng)
     async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "unauth", rng)
+        value = _proposal(FAST, Value(1, b"value", op="01"))
         before = await probe.info(target)
         for method, path, body in [
             ("PUT", f"/v1/chunks/{chunk_id}", stored),
-            ("PUT", "/v1/records/unauth/k?expected_version=0", b"value"),
+            ("POST", api.accept_path(key, FAST.wire(), view), value),
+            ("POST", api.accept_path(key, BALLOT.wire(), view), value),
+            ("POST", api.prepare_path(key, BALLOT.wire(), view), None),
             ("GET", f"/v1/chunks/{chunk_id}", None),
             ("HEAD", f"/v1/chunks/{chunk_id}", None),
             ("POST", "/v1/chunks/exists", json.dumps({"ids": [chunk_id]}).encode()),
             ("GET", "/v1/records?prefix=", None),
-            ("GET", "/v1/records/unauth/k", None),
-            ("DELETE", "/v1/records/unauth/k?expected_version=1", None),
+            ("GET", api.record_raw_path(key), None),
+            ("GET", api.record_round_path(key, view), None),
+            ("POST", api.RECORD_VERSIONS.pattern, api.versions_request([key])),
             ("GET", "/v1/info", None),
             ("GET", "/v1/ring", None),
             ("GET", "/metrics", None),
@@ -114,7 +177,7 @@ async def test_request_without_credentials_is_401_and_stores_nothing(
                 assert answer.json()["error"] == "unauthorized"
         after = await probe.info(target)
         assert await _chunk_absent(probe, target, chunk_id)
-        assert (await probe.signed(target, "GET", "/v1/records/unauth/k")).status == 404
+        assert await _slot(probe, target, key) == paxos.NOTHING
     assert after["chunk_count"] == before["chunk_count"]
     assert after["record_count"] == before["record_count"]
 
@@ -154,8 +217,9 @@ async def test_wrong_secret_is_401_and_client_raises_auth_error(
 async def test_body_swapped_under_a_valid_signature_is_401(
     peer_stays_up: LocalCluster, target: str, rng: random.Random
 ) -> None:
-    """Breaks: a valid signature for one body, sent with another (itself a valid chunk).
-    Must hold: 401, the other chunk is not stored."""
+    """Breaks: a valid signature for one body, sent with another (itself a valid chunk,
+    or a valid accept of another value). Must hold: 401, the other chunk is not stored,
+    the acceptor's slot is untouched."""
     _signed_id, signed_body = _fresh_chunk(rng)
     swapped_id, swapped_body = _fresh_chunk(rng)
     path = f"/v1/chunks/{swapped_id}"
@@ -165,36 +229,41 @@ async def test_body_swapped_under_a_valid_signature_is_401(
         _assert_json_error(answer.status, answer.body, 401)
         assert await _chunk_absent(probe, target, swapped_id)
         # The same for a record: the signed value is not the one that arrives.
-        record_path = "/v1/records/swapped/k?expected_version=0"
-        headers = probe.signer.headers("PUT", record_path, b"signed value", target=target)
-        answer = await probe.send(target, "PUT", record_path, body=b"evil value", headers=headers)
+        key, view = await _key_on(probe, peer_stays_up, target, "swapped", rng)
+        accept = api.accept_path(key, BALLOT.wire(), view)
+        signed = _proposal(BALLOT, Value(1, b"signed value", op="01"))
+        evil = _proposal(BALLOT, Value(1, b"evil value", op="02"))
+        headers = probe.signer.headers("POST", accept, signed, target=target)
+        answer = await probe.send(target, "POST", accept, body=evil, headers=headers)
         _assert_json_error(answer.status, answer.body, 401)
-        assert (await probe.signed(target, "GET", "/v1/records/swapped/k")).status == 404
+        assert await _slot(probe, target, key) == paxos.NOTHING
 
 
 async def test_replayed_request_is_401(
     peer_stays_up: LocalCluster, target: str, rng: random.Random
 ) -> None:
-    """Breaks: an accepted request is sent again byte for byte (same nonce). Must hold:
-    the replay gets 401 (not a 409 or a second write), the record stays at version 1."""
-    key = f"replay/{rng.randrange(10**9)}"
-    path = f"/v1/records/{key}?expected_version=0"
+    """Breaks: an accepted request is sent again byte for byte (same nonce): an accept,
+    which the acceptor would take again at the same ballot. Must hold: the replay gets
+    401 (not a 200 or a 409), the slot holds exactly what the first accept stored."""
     async with HttpProbe(peer_stays_up.secret) as probe:
-        headers = probe.signer.headers("PUT", path, b"first", target=target)
-        first = await probe.send(target, "PUT", path, body=b"first", headers=headers)
-        assert first.status == 201, first
-        replay = await probe.send(target, "PUT", path, body=b"first", headers=headers)
+        key, view = await _key_on(probe, peer_stays_up, target, "replay", rng)
+        path = api.accept_path(key, BALLOT.wire(), view)
+        body = _proposal(BALLOT, Value(1, b"first", op="01"))
+        headers = probe.signer.headers("POST", path, body, target=target)
+        first = await probe.send(target, "POST", path, body=body, headers=headers)
+        assert first.status == 200, first
+        stored = await _slot(probe, target, key)
+        assert (stored.accepted, stored.value) == (BALLOT, Value(1, b"first", op="01"))
+        replay = await probe.send(target, "POST", path, body=body, headers=headers)
         _assert_json_error(replay.status, replay.body, 401)
         assert "replay" in replay.json()["message"]
         # A replayed read is refused too.
-        read_headers = probe.signer.headers("GET", f"/v1/records/{key}", target=target)
-        assert (
-            await probe.send(target, "GET", f"/v1/records/{key}", headers=read_headers)
-        ).status == 200
-        again = await probe.send(target, "GET", f"/v1/records/{key}", headers=read_headers)
+        read_headers = probe.signer.headers("GET", api.record_raw_path(key), target=target)
+        read = await probe.send(target, "GET", api.record_raw_path(key), headers=read_headers)
+        assert read.status == 200
+        again = await probe.send(target, "GET", api.record_raw_path(key), headers=read_headers)
         assert again.status == 401
-        current = await probe.signed(target, "GET", f"/v1/records/{key}")
-        assert current.headers["X-SR3-Version"] == "1"
+        assert await _slot(probe, target, key) == stored
 
 
 @pytest.mark.parametrize("offset_s", [-600, 600, -86_400])
@@ -297,11 +366,12 @@ async def test_oversized_body_is_413(
         _assert_json_error(answer.status, answer.body, 413)
         unsigned = await probe.send(target, "PUT", f"/v1/chunks/{chunk_id}", body=body)
         assert unsigned.status == 401
-        answer = await probe.signed(
-            target, "PUT", "/v1/records/big/k?expected_version=0", body=body
-        )
+        key, view = await _key_on(probe, peer_stays_up, target, "big", rng)
+        path = api.accept_path(key, BALLOT.wire(), view)
+        answer = await probe.signed(target, "POST", path, body=body)
         _assert_json_error(answer.status, answer.body, 413)
         assert await _chunk_absent(probe, target, chunk_id)
+        assert await _slot(probe, target, key) == paxos.NOTHING
 
 
 @pytest.mark.parametrize(
@@ -350,41 +420,355 @@ async def test_exists_answers_which_chunks_are_present(
     ids=lambda key: key[:12] or "empty",
 )
 async def test_bad_record_key_is_4xx(peer_stays_up: LocalCluster, target: str, key: str) -> None:
-    """Breaks: record keys that could escape the data folder or are malformed. Must
-    hold: 4xx with a JSON error for writes and reads, and no record is created."""
+    """Breaks: record keys that could escape the data folder or are malformed, in reads,
+    prepares and accepts (with the view the peer computes for that text). Must hold:
+    4xx with a JSON error, and no record or slot file is created."""
+    records = Path(peer_stays_up.peer(_peer_id(peer_stays_up, target)).data_dir) / "records"
     async with HttpProbe(peer_stays_up.secret) as probe:
+        view = paxos.view_digest(await _preferred(probe, target, key))
         before = (await probe.info(target))["record_count"]
-        for method, path in [
-            ("PUT", f"/v1/records/{key}?expected_version=0"),
-            ("GET", f"/v1/records/{key}"),
-            ("DELETE", f"/v1/records/{key}?expected_version=1"),
+        files = sorted(records.iterdir())
+        body = _proposal(FAST, Value(1, b"v", op="01"))
+        for method, path, sent in [
+            ("GET", api.record_raw_path(key), None),
+            ("GET", api.record_round_path(key, view), None),
+            ("POST", api.prepare_path(key, BALLOT.wire(), view), None),
+            ("POST", api.accept_path(key, FAST.wire(), view), body),
+            ("POST", api.accept_path(key, BALLOT.wire(), view), body),
         ]:
-            answer = await probe.signed(
-                target, method, path, body=b"v" if method == "PUT" else None
-            )
+            answer = await probe.signed(target, method, path, body=sent)
             _assert_json_error(answer.status, answer.body)
         assert (await probe.info(target))["record_count"] == before
+        assert set(records.iterdir()) <= set(files)
 
 
 async def test_record_key_longer_than_a_request_line_is_400(
     peer_stays_up: LocalCluster, target: str
 ) -> None:
     async with HttpProbe(peer_stays_up.secret) as probe:
-        path = "/v1/records/" + "k" * 9000 + "?expected_version=0"
-        answer = await probe.signed(target, "PUT", path, body=b"v")
+        body = _proposal(FAST, Value(1, b"v", op="01"))
+        path = api.accept_path("k" * 9000, FAST.wire(), "0" * 16)
+        answer = await probe.signed(target, "POST", path, body=body)
         assert answer.status == 400
 
 
-@pytest.mark.parametrize("version", ["abc", "-1", "1.5", "", "1e3", "0x1", "9" * 19, None])
-async def test_non_integer_expected_version_is_400(
-    peer_stays_up: LocalCluster, target: str, rng: random.Random, version: str | None
+# Ballots are "<counter>.<proposer>": ASCII digits up to paxos.COUNTER_MAX, then 1-32
+# lowercase hex digits ("0." alone is the fast round). "1.5" is a valid ballot (counter
+# 1, proposer "5"); a fractional counter is "1.5.ab".
+MALFORMED_BALLOTS = [
+    "abc",
+    "-1",
+    "-1.ab",
+    "1.5.ab",
+    "1,5.ab",
+    "",
+    "1e3",
+    "1e3.ab",
+    "0x1",
+    "0x1.ab",
+    "+1.ab",
+    "%201.ab",
+    "9" * 19 + ".ab",
+    f"{paxos.COUNTER_MAX + 1}.ab",
+    "1.xyz",
+    "1.AB",
+    "1.",
+    "0.ab",
+    "1." + "a" * 33,
+    "1." + "a" * 70,
+    None,
+]
+
+
+async def _refused_and_untouched(
+    probe: HttpProbe, address: str, key: str, requests: list[tuple[str, bytes | None]]
 ) -> None:
-    key = f"versions/{rng.randrange(10**9)}"
-    query = "" if version is None else f"?expected_version={version}"
-    async with HttpProbe(peer_stays_up.secret) as probe:
-        answer = await probe.signed(target, "PUT", f"/v1/records/{key}{query}", body=b"v")
+    """Every signed POST of ``requests`` is a JSON 400 and the slot is still pristine."""
+    for path, body in requests:
+        answer = await probe.signed(address, "POST", path, body=body)
         _assert_json_error(answer.status, answer.body, 400)
-        assert (await probe.signed(target, "GET", f"/v1/records/{key}")).status == 404
+    assert await _slot(probe, address, key) == paxos.NOTHING
+
+
+@pytest.mark.parametrize(
+    "ballot", MALFORMED_BALLOTS, ids=lambda b: "missing" if b is None else b[:24] or "empty"
+)
+async def test_malformed_ballot_is_400_and_stores_nothing(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random, ballot: str | None
+) -> None:
+    """Breaks: a prepare and an accept (valid body, the right view, sent to one of the
+    key's acceptors) whose ballot is not a ballot, as ``ballot`` and as ``next``. Must
+    hold: 400 with a JSON error each time, the acceptor's slot untouched (no promise, no
+    value)."""
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "ballots", rng)
+        body = _proposal(BALLOT, Value(1, b"v", op="01"))
+        query = "" if ballot is None else f"ballot={ballot}&"
+        await _refused_and_untouched(
+            probe,
+            target,
+            key,
+            [
+                (f"/v1/paxos/prepare/{key}?{query}view={view}", None),
+                (f"/v1/paxos/accept/{key}?{query}view={view}", body),
+                (api.accept_path(key, BALLOT.wire(), view, ballot or "missing"), body),
+            ],
+        )
+
+
+async def test_the_fast_ballot_is_only_for_an_accept_and_next_must_be_above(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random
+) -> None:
+    """Breaks: a prepare at the fast ballot "0.", and accepts whose ``next`` is not
+    above their ballot (equal, lower, the fast ballot). Must hold: 400, slot untouched;
+    the same accept with a ``next`` above its ballot is then taken (the refusals were
+    about ``next``, not the rest of the request)."""
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "next", rng)
+        body = _proposal(BALLOT, Value(1, b"v", op="01"))
+        lower = Ballot(BALLOT.counter, "1")
+        await _refused_and_untouched(
+            probe,
+            target,
+            key,
+            [
+                (api.prepare_path(key, FAST.wire(), view), None),
+                (api.accept_path(key, BALLOT.wire(), view, BALLOT.wire()), body),
+                (api.accept_path(key, BALLOT.wire(), view, lower.wire()), body),
+                (api.accept_path(key, BALLOT.wire(), view, FAST.wire()), body),
+                (api.accept_path(key, FAST.wire(), view, FAST.wire()), body),
+            ],
+        )
+        following = BALLOT.following()
+        path = api.accept_path(key, BALLOT.wire(), view, following.wire())
+        answer = await probe.signed(target, "POST", path, body=body)
+        assert (answer.status, answer.json()["accepted"]) == (200, BALLOT.wire()), answer
+        slot = await _slot(probe, target, key)
+        assert (slot.promised, slot.accepted, slot.value.data) == (following, BALLOT, b"v")
+
+
+@pytest.mark.parametrize(
+    "view", ["", "0" * 17, "ab-cd", "%C3%A9", "%00", "%EF%BC%91", None], ids=str
+)
+async def test_malformed_view_is_400_and_stores_nothing(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random, view: str | None
+) -> None:
+    """Breaks: a read for a round, a prepare and an accept to one of the key's acceptors
+    whose ``view`` is empty, too long, not alphanumeric ASCII, or missing. Must hold:
+    400 with a JSON error, the slot untouched."""
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        key, _view = await _key_on(probe, peer_stays_up, target, "views", rng)
+        query = "" if view is None else f"&view={view}"
+        body = _proposal(BALLOT, Value(1, b"v", op="01"))
+        if view is not None:
+            answer = await probe.signed(target, "GET", f"{api.record_path(key)}?view={view}")
+            _assert_json_error(answer.status, answer.body, 400)
+        await _refused_and_untouched(
+            probe,
+            target,
+            key,
+            [
+                (f"/v1/paxos/prepare/{key}?ballot={BALLOT.wire()}{query}", None),
+                (f"/v1/paxos/accept/{key}?ballot={BALLOT.wire()}{query}", body),
+                (f"/v1/paxos/accept/{key}?ballot=0.{query}", body),
+            ],
+        )
+
+
+async def _refusal(answer: Answer, code: str) -> dict[str, str]:
+    _assert_json_error(answer.status, answer.body, 409)
+    error: dict[str, str] = answer.json()
+    assert error["error"] == code, error
+    return error
+
+
+async def test_a_prepare_at_or_below_a_promise_is_preempted_naming_it(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random
+) -> None:
+    """Breaks: prepares below the ballot an acceptor promised (the same counter with a
+    lower proposer, lower counters); accepts below the promise and in the fast round.
+    Must hold: 409 "preempted" naming the promised ballot, the slot unchanged; the
+    promised ballot itself (a resent prepare) gets the same promise and changes nothing;
+    a higher ballot is then promised, and the old one is refused naming the new one."""
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "preempted", rng)
+        promised = Ballot(5, "ab")
+        answer = await probe.signed(target, "POST", api.prepare_path(key, promised.wire(), view))
+        assert answer.status == 200, answer
+        assert paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)[0] == Slot(promised)
+        body = _proposal(promised, Value(1, b"v", op="01"))
+        for ballot in (Ballot(5, "aa"), Ballot(5, "0"), Ballot(4, "ff"), Ballot(1, "ab")):
+            path = api.prepare_path(key, ballot.wire(), view)
+            error = await _refusal(await probe.signed(target, "POST", path), "preempted")
+            assert error["promised"] == promised.wire(), (ballot, error)
+        for ballot in (Ballot(5, "aa"), Ballot(4, "ff"), FAST):
+            path = api.accept_path(key, ballot.wire(), view)
+            answer = await probe.signed(target, "POST", path, body=body)
+            error = await _refusal(answer, "preempted")
+            assert Ballot.parse(error["promised"]) >= promised, (ballot, error)
+        assert await _slot(probe, target, key) == Slot(promised)
+        again = await probe.signed(target, "POST", api.prepare_path(key, promised.wire(), view))
+        assert again.status == 200, again
+        assert paxos.decode_slot(again.body, api.RECORD_BYTES_MAX)[0] == Slot(promised)
+        higher = Ballot(5, "ac")
+        answer = await probe.signed(target, "POST", api.prepare_path(key, higher.wire(), view))
+        assert answer.status == 200, answer
+        path = api.accept_path(key, promised.wire(), view)
+        error = await _refusal(await probe.signed(target, "POST", path, body=body), "preempted")
+        assert error["promised"] == higher.wire()
+        assert await _slot(probe, target, key) == Slot(higher)
+
+
+async def test_a_round_with_another_view_is_409_view_and_stores_nothing(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random
+) -> None:
+    """Breaks: accepts, prepares and round reads that name other acceptors than the
+    peer computes (another order, fewer peers, an unknown digest), and the right digest
+    sent to a peer that is not one of the key's acceptors. Must hold: 409 "view", no
+    slot written on either peer."""
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "view", rng)
+        preferred = await _preferred(probe, target, key)
+        body = _proposal(BALLOT, Value(1, b"v", op="01"))
+        wrong = [
+            paxos.view_digest(preferred[::-1]),
+            paxos.view_digest(preferred[:-1]),
+            "0" * 16,
+        ]
+        outsider = next(
+            p.address for p in peer_stays_up.cluster.peers if p.peer_id not in preferred
+        )
+        for address, other in [(target, digest) for digest in wrong] + [(outsider, view)]:
+            assert other != view or address == outsider
+            for method, path, sent in [
+                ("POST", api.accept_path(key, BALLOT.wire(), other), body),
+                ("POST", api.accept_path(key, FAST.wire(), other), body),
+                ("POST", api.prepare_path(key, BALLOT.wire(), other), None),
+                ("GET", api.record_round_path(key, other), None),
+            ]:
+                answer = await probe.signed(address, method, path, body=sent)
+                await _refusal(answer, "view")
+        assert await _slot(probe, target, key) == paxos.NOTHING
+        assert await _slot(probe, outsider, key) == paxos.NOTHING
+
+
+def _valid_slot() -> bytes:
+    return _proposal(BALLOT, Value(1, b"a value", ("ab" * 16,), op="01"))
+
+
+def _with_meta(meta: bytes) -> bytes:
+    return b"SR3P" + len(meta).to_bytes(4, "little") + meta
+
+
+NOT_SLOTS: dict[str, Callable[[], bytes]] = {
+    "empty": lambda: b"",
+    "a bare value": lambda: b"a value",
+    "magic only": lambda: b"SR3P",
+    "another magic": lambda: b"SR3R" + _valid_slot()[4:],
+    "cut by one byte": lambda: _valid_slot()[:-1],
+    "one byte more": lambda: _valid_slot() + b"x",
+    "value fails its checksum": lambda: _valid_slot()[:-1] + b"X",
+    "refs fail their checksum": lambda: _valid_slot().replace(bytes.fromhex("ab" * 16), b"\0" * 16),
+    "metadata not json": lambda: _with_meta(b"{not json"),
+    "metadata a list": lambda: _with_meta(b"[1, 2]"),
+    "metadata length past the end": lambda: b"SR3P" + (10**6).to_bytes(4, "little") + b"{}",
+    "version above VERSION_MAX": lambda: _proposal(BALLOT, Value(api.VERSION_MAX + 1, b"x")),
+    "a tombstone with a value": lambda: _proposal(BALLOT, Value(2, b"x", deleted=True)),
+    "a value never accepted": lambda: paxos.encode_slot(Slot(BALLOT, None, Value(1, b"x"))),
+    "op not hex": lambda: _proposal(BALLOT, Value(1, b"x", op="not hex")),
+    "accepted not a ballot": lambda: _valid_slot().replace(
+        b'"accepted":"3.7e57"', b'"accepted":"3.x"'
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_SLOTS))
+async def test_an_accept_whose_body_is_not_a_slot_is_400_and_stores_nothing(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random, kind: str
+) -> None:
+    """Breaks: a signed accept, to one of the key's acceptors with the right view and a
+    valid ballot, whose body is not a valid slot encoding (cut, checksums off, metadata
+    that is not an object, fields out of bounds, a tombstone with a value). Must hold:
+    400 with a JSON error, the slot untouched."""
+    body = NOT_SLOTS[kind]()
+    assert body != _valid_slot()
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "not-a-slot", rng)
+        await _refused_and_untouched(
+            probe,
+            target,
+            key,
+            [
+                (api.accept_path(key, BALLOT.wire(), view), body),
+                (api.accept_path(key, FAST.wire(), view), body),
+            ],
+        )
+
+
+async def test_a_fast_accept_on_a_key_that_holds_anything_is_preempted(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random
+) -> None:
+    """Breaks: a fast-round accept (ballot "0.") of another value on a key whose
+    acceptor already accepted a fast value, and one on a key whose acceptor only
+    promised a ballot. Must hold: 409 "preempted", the held value and promise unchanged
+    (a fast value is taken only by a pristine slot); the first accept resent is
+    acknowledged and changes nothing."""
+    first = Value(1, b"first", op="01")
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "fast", rng)
+        path = api.accept_path(key, FAST.wire(), view)
+        answer = await probe.signed(target, "POST", path, body=_proposal(FAST, first))
+        assert (answer.status, answer.json()["accepted"]) == (200, FAST.wire()), answer
+        held = await _slot(probe, target, key)
+        assert (held.accepted, held.value) == (FAST, first)
+        for value in (Value(1, b"second", op="02"), Value(1, b"first", op="02")):
+            answer = await probe.signed(target, "POST", path, body=_proposal(FAST, value))
+            await _refusal(answer, "preempted")
+        assert await _slot(probe, target, key) == held
+        answer = await probe.signed(target, "POST", path, body=_proposal(FAST, first))
+        assert answer.status == 200, answer
+        assert await _slot(probe, target, key) == held
+
+        key, view = await _key_on(probe, peer_stays_up, target, "fast-promised", rng)
+        prepare = api.prepare_path(key, BALLOT.wire(), view)
+        assert (await probe.signed(target, "POST", prepare)).status == 200
+        path = api.accept_path(key, FAST.wire(), view)
+        answer = await probe.signed(target, "POST", path, body=_proposal(FAST, first))
+        assert (await _refusal(answer, "preempted"))["promised"] == BALLOT.wire()
+        assert await _slot(probe, target, key) == Slot(BALLOT)
+
+
+async def test_a_record_read_answers_the_slot_and_the_view(
+    peer_stays_up: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: nothing; a record a client wrote is read back raw from every peer. Must
+    hold: 200 with the slot encoding, the chosen value (version, bytes, the write's op)
+    at one ballot on each of the key's acceptors, nothing on the others; every peer's
+    X-SR3-View is the digest of the acceptors the client computed, and a read for a
+    round with that digest answers the same slot."""
+    key = f"read/{rng.randrange(10**9)}"
+    async with Client(peer_stays_up.ring, peer_stays_up.secret) as client:
+        assert await client.put_record(key, b"value", expected_version=0) == 1
+        acceptors = Acceptors.of(await client.ring(), key)
+    holders = {member.peer_id for member in acceptors.members}
+    accepted: set[tuple[Ballot | None, Value]] = set()
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        for peer in peer_stays_up.cluster.peers:
+            answer = await probe.signed(peer.address, "GET", api.record_raw_path(key))
+            assert answer.status == 200, answer
+            assert answer.headers[api.HEADER_VIEW] == acceptors.view
+            slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
+            if peer.peer_id not in holders:
+                assert slot == paxos.NOTHING, peer.peer_id
+                continue
+            assert (slot.value.version, slot.value.data, slot.value.deleted) == (1, b"value", False)
+            accepted.add((slot.accepted, slot.value))
+            path = api.record_round_path(key, acceptors.view)
+            again = await probe.signed(peer.address, "GET", path)
+            assert (again.status, again.body) == (200, answer.body)
+    assert len(accepted) == 1, accepted
+    ((ballot, value),) = accepted
+    assert ballot is not None and value.op
 
 
 async def test_unknown_route_and_method_are_json_4xx(
@@ -442,17 +826,24 @@ def test_raw_garbage_over_tcp_gets_400_or_close(peer_stays_up: LocalCluster, kin
 async def test_request_signed_for_one_peer_is_refused_by_another(
     peer_stays_up: LocalCluster, rng: random.Random
 ) -> None:
-    """Breaks: a signed record write to peer A is captured and sent to peer B. Must hold
-    (invariant 6): B refuses it with 401 and stores nothing."""
-    first, second = rng.sample(peer_stays_up.cluster.addresses, 2)
-    key = f"cross-peer/{rng.randrange(10**9)}"
-    path = f"/v1/records/{key}?expected_version=0"
+    """Breaks: a signed accept to acceptor A is captured and sent to acceptor B of the
+    same key (B would take it). Must hold (invariant 6): B refuses it with 401 and its
+    slot stays untouched, while A stored the value."""
+    first = rng.choice(peer_stays_up.cluster.addresses)
     async with HttpProbe(peer_stays_up.secret) as probe:
-        headers = probe.signer.headers("PUT", path, b"value", target=first)
-        assert (await probe.send(first, "PUT", path, body=b"value", headers=headers)).status == 201
-        replayed = await probe.send(second, "PUT", path, body=b"value", headers=headers)
+        key, view = await _key_on(probe, peer_stays_up, first, "cross-peer", rng)
+        others = [
+            p for p in await _preferred(probe, first, key) if p != _peer_id(peer_stays_up, first)
+        ]
+        second = peer_stays_up.peer(rng.choice(others)).address
+        path = api.accept_path(key, BALLOT.wire(), view)
+        body = _proposal(BALLOT, Value(1, b"value", op="01"))
+        headers = probe.signer.headers("POST", path, body, target=first)
+        assert (await probe.send(first, "POST", path, body=body, headers=headers)).status == 200
+        assert (await _slot(probe, first, key)).value.data == b"value"
+        replayed = await probe.send(second, "POST", path, body=body, headers=headers)
         assert replayed.status == 401, replayed
-        assert (await probe.signed(second, "GET", f"/v1/records/{key}")).status == 404
+        assert await _slot(probe, second, key) == paxos.NOTHING
 
 
 # -- numbers and JSON that once made a peer answer 500 (issue 15, item 5) ------------------
@@ -471,21 +862,26 @@ async def _five_xx(probe: HttpProbe, address: str) -> float:
 async def test_query_integers_in_other_digits_are_400(
     peer_stays_up: LocalCluster, target: str, rng: random.Random, digits: str
 ) -> None:
-    """Breaks: integer query parameters written in digits that are not ASCII. Must hold:
+    """Breaks: integer query parameters, and the counters of ballots, written in digits
+    that are not ASCII (to one of the key's acceptors, with the right view). Must hold:
     400 with a JSON error on every route that reads one, nothing written, no 5xx."""
-    key = f"digits/{rng.randrange(10**9)}"
     async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "digits", rng)
+        body = _proposal(BALLOT, Value(1, b"v", op="01"))
         before = await _five_xx(probe, target)
-        for method, path, body in [
-            ("GET", f"/v1/records?prefix=digits/&limit={digits}", None),
-            ("PUT", f"/v1/records/{key}?expected_version={digits}", b"v"),
-            ("PUT", f"/v1/records/{key}?expected_version=0&refs={digits}", b"v"),
-            ("PUT", f"/v1/records/{key}?version={digits}&refs=0", b"v"),
-            ("DELETE", f"/v1/records/{key}?expected_version={digits}", None),
-        ]:
-            answer = await probe.signed(target, method, path, body=body)
-            _assert_json_error(answer.status, answer.body, 400)
-        assert (await probe.signed(target, "GET", f"/v1/records/{key}")).status == 404
+        answer = await probe.signed(target, "GET", f"/v1/records?prefix=digits/&limit={digits}")
+        _assert_json_error(answer.status, answer.body, 400)
+        await _refused_and_untouched(
+            probe,
+            target,
+            key,
+            [
+                (api.prepare_path(key, f"{digits}.ab", view), None),
+                (api.accept_path(key, f"{digits}.ab", view), body),
+                (api.accept_path(key, BALLOT.wire(), view, f"{digits}.ab"), body),
+                (api.prepare_path(key, f"{BALLOT.counter}.{digits}", view), None),
+            ],
+        )
         assert await _five_xx(probe, target) == before
 
 
@@ -573,34 +969,65 @@ async def test_malformed_json_bodies_are_400(
         assert await _five_xx(probe, target) == before
 
 
+@pytest.mark.parametrize(
+    "below_max",
+    [
+        2,
+        pytest.param(
+            1,
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=QuorumError,
+                reason="the proposer's accept at COUNTER_MAX carries next=COUNTER_MAX+1, "
+                "which every acceptor refuses with 400",
+            ),
+        ),
+    ],
+)
 async def test_record_versions_are_bounded_and_a_key_stays_writable(
-    peer_stays_up: LocalCluster, target: str, rng: random.Random
+    peer_stays_up: LocalCluster, target: str, rng: random.Random, below_max: int
 ) -> None:
-    """Breaks: versions beyond VERSION_MAX, by repair (``version``) and by compare-and-set
-    (``expected_version``), which once left a key that no writer could name. Must hold:
-    400, nothing stored, and the key is written normally afterwards."""
+    """Breaks: accepts of values whose version is beyond VERSION_MAX, and ballots beyond
+    COUNTER_MAX, which once (as versions) left a key that no writer could name. Must
+    hold: 400, nothing stored; a value at VERSION_MAX - 1 that the key's acceptors hold
+    at a ballot ``below_max`` under COUNTER_MAX is replaced by a client expecting it (version
+    VERSION_MAX), and the versions answer names that version and its ballot."""
     from ring.api import VERSION_MAX
 
-    key = f"huge-version/{rng.randrange(10**9)}"
     async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "huge-version", rng)
         before = await _five_xx(probe, target)
-        for query in [
-            f"version={VERSION_MAX + 1}&refs=0",
-            f"version={10**17}1&refs=0",
-            f"version={10**30}&refs=0",
-            f"expected_version={VERSION_MAX}",
-            f"expected_version={10**30}",
-        ]:
-            answer = await probe.signed(target, "PUT", f"/v1/records/{key}?{query}", body=b"v")
-            _assert_json_error(answer.status, answer.body, 400)
-        assert (await probe.signed(target, "GET", f"/v1/records/{key}")).status == 404
-        path = f"/v1/records/{key}?version={VERSION_MAX - 1}&refs=0"
-        assert (await probe.signed(target, "PUT", path, body=b"old")).status == 200
-        path = f"/v1/records/{key}?expected_version={VERSION_MAX - 1}"
-        assert (await probe.signed(target, "PUT", path, body=b"new")).status == 201
-        answer = await probe.signed(target, "GET", f"/v1/records/{key}")
-        assert (answer.status, answer.body) == (200, b"new")
-        assert answer.headers["X-SR3-Version"] == str(VERSION_MAX)
+        requests: list[tuple[str, bytes | None]] = [
+            (api.accept_path(key, BALLOT.wire(), view), _proposal(BALLOT, Value(version)))
+            for version in (VERSION_MAX + 1, 10**17 * 10 + 1, 10**30)
+        ]
+        body = _proposal(BALLOT, Value(1, b"v", op="01"))
+        for counter in (paxos.COUNTER_MAX + 1, 10**30):
+            requests += [
+                (api.prepare_path(key, f"{counter}.ab", view), None),
+                (api.accept_path(key, f"{counter}.ab", view), body),
+            ]
+        await _refused_and_untouched(probe, target, key, requests)
+
+        high = Ballot(paxos.COUNTER_MAX - below_max, "ab")
+        old = _proposal(high, Value(VERSION_MAX - 1, b"old", op="0a"))
+        for peer_id in await _preferred(probe, target, key):
+            address = peer_stays_up.peer(peer_id).address
+            answer = await probe.signed(
+                address, "POST", api.accept_path(key, high.wire(), view), body=old
+            )
+            assert answer.status == 200, (peer_id, answer)
+        async with Client(peer_stays_up.ring, peer_stays_up.secret) as client:
+            written = await client.put_record(key, b"new", expected_version=VERSION_MAX - 1)
+            assert written == VERSION_MAX
+            record = await client.get_record(key)
+            assert record is not None and (record.version, record.value) == (VERSION_MAX, b"new")
+        answer = await probe.signed(
+            target, "POST", api.RECORD_VERSIONS.pattern, body=api.versions_request([key])
+        )
+        assert api.parse_versions_answer(answer.json()) == {key: VERSION_MAX}
+        ballot = Ballot.parse(api.parse_ballots_answer(answer.json())[key])
+        assert high < ballot and ballot.counter <= paxos.COUNTER_MAX
         assert await _five_xx(probe, target) == before
 
 
