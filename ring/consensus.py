@@ -154,50 +154,79 @@ class Acceptor:
             if not lock.locked() and self._syncing.get(key) is lock:
                 del self._syncing[key]
 
+    def _sources(self, key: str) -> list[frozenset[str]]:
+        """The peer groups this peer must hear from to catch up on ``key``: for each ring
+        of the window under which it was not one of the key's acceptors, those
+        acceptors; for a time it was not running, the key's other candidates now (the
+        other acceptors and the next peer in the walk, which held the key before a join)."""
+        replication = self._settings.replication
+        groups: list[frozenset[str]] = []
+        for _at, ring in self._history:
+            if ring is None:
+                others = [m for m in self.ring().walk(key) if m.peer_id != self._me]
+                groups.append(frozenset(m.peer_id for m in others[:replication]))
+                continue
+            acceptors = {m.peer_id for m in ring.preference_list(key, replication)}
+            if self._me not in acceptors:
+                groups.append(frozenset(acceptors))
+        return groups
+
     async def _catch_up(self, key: str) -> None:
+        """Merge the slots of ``R - W + 1`` of each source group (of all its members
+        still in the ring, when fewer) that compute the same acceptors as this peer; as
+        soon as every group has them, without waiting on the slower ones."""
         ring = self.ring()
         settings = self._settings
-        table = self._table()
-        live = table.live()
-        others = [m for m in ring.walk(key) if m.peer_id != self._me][: settings.replication]
+        members = {m.peer_id: m for m in ring.members}
+        live = self._table().live()
         mine = self.digest(key)
+        groups = [group & members.keys() - {self._me} for group in self._sources(key)]
+        quorum = settings.replication - settings.write_quorum + 1
+        needed = [(group, min(quorum, len(group))) for group in groups]
+        asked = sorted(set().union(*groups) & live) if groups else []
 
         async def ask(member: Member) -> Slot | None:
             try:
-                async with asyncio.timeout(SYNC_ATTEMPT_S):
-                    answer = await self._transport.request(
-                        member.address,
-                        api.RECORD_GET.method,
-                        api.record_raw_path(key),
-                        body_bytes_max=paxos.SLOT_BYTES_MAX,
-                        ok=(200, 404),
-                    )
-            except (TimeoutError, SR3Error) as exc:
-                log.info("catching up on %s: %s did not answer: %s", key, member.peer_id, exc)
-                return None
-            if answer.headers.get(api.HEADER_VIEW) != mine:
-                return None
-            if answer.status == 404:
-                return paxos.NOTHING
-            try:
+                answer = await self._transport.request(
+                    member.address,
+                    api.RECORD_GET.method,
+                    api.record_raw_path(key),
+                    body_bytes_max=paxos.SLOT_BYTES_MAX,
+                )
+                if answer.headers.get(api.HEADER_VIEW) != mine:
+                    return None
                 slot, _meta = paxos.decode_slot(answer.body, RECORD_BYTES_MAX)
-            except ProtocolError as exc:
-                log.warning("catching up on %s: %s sent a bad slot: %s", key, member.peer_id, exc)
+            except (SR3Error, ProtocolError) as exc:
+                log.info("catching up on %s: %s gave no slot: %s", key, member.peer_id, exc)
                 return None
             return slot
 
-        asked = [m for m in others if m.peer_id in live]
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(ask(member)) for member in asked]
-        slots = [slot for task in tasks if (slot := task.result()) is not None]
-        # In a ring of fewer than R + 1 peers, every other peer is asked.
-        needed = min(settings.replication - settings.write_quorum + 1, len(others))
-        if len(slots) < needed:
+        slots: dict[str, Slot] = {}
+
+        def satisfied() -> bool:
+            return all(len(group & slots.keys()) >= count for group, count in needed)
+
+        tasks = {asyncio.create_task(ask(members[peer_id])): peer_id for peer_id in asked}
+        try:
+            async with asyncio.timeout(SYNC_ATTEMPT_S):
+                pending = set(tasks)
+                while pending and not satisfied():
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        if (slot := task.result()) is not None:
+                            slots[tasks[task]] = slot
+        except TimeoutError:
+            pass
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if not satisfied():
             raise Syncing(
-                f"record {key!r}: this peer newly answers for it and heard from "
-                f"{len(slots)} of the {needed} peers it needs to catch up; retry"
+                f"record {key!r}: this peer newly answers for it and could not yet hear "
+                f"from enough of the peers that answered for it before; retry"
             )
-        await self._records.merge(key, slots)
+        await self._records.merge(key, list(slots.values()))
         self.syncs += 1
         if len(self._synced) < SYNCED_KEYS_MAX:
             self._synced.add(key)

@@ -1,0 +1,105 @@
+"""Records across membership changes: a new acceptor catches up before it answers.
+
+What must hold: when a join changes a key's acceptors, a value chosen on the old ones
+(and missed by one of the acceptors that stays) is what a read returns even after the
+last old acceptor that kept it is gone from the key's acceptors and another holder dies:
+the joiner takes the chosen value from the peers it replaces before it answers, instead
+of answering with an empty slot that would let the read (or a write) take "absent" as
+the register's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from pathlib import Path
+
+from support import start_cluster
+
+from ring.client import Client, ClientOptions
+from ring.placement import Member, Ring
+from sr3.local import LocalCluster
+
+# Repair off (an hour apart) so that only catching up can bring the value to the joiner;
+# failure detection quick so that a dead peer is skipped within seconds.
+PEER_FLAGS = [
+    "--scrub-rate", "0", "--repair-interval", "3600", "--failure-timeout", "2",
+    "--gossip-interval", "0.2",
+]  # fmt: skip
+FAST_CLOSE = ClientOptions(close_wait_s=0.2, write_attempt_s=2.0)
+
+
+def _members(cluster: LocalCluster, count: int) -> list[Member]:
+    peers = [*cluster.cluster.peers]
+    port = peers[0].address.rpartition(":")[2]
+    addresses = {p.peer_id: p.address for p in peers}
+    return [
+        Member(f"peer-{i}", addresses.get(f"peer-{i}", f"127.0.0.{i}:{port}"), "")
+        for i in range(1, count + 1)
+    ]
+
+
+def _key_moved_by_the_join(cluster: LocalCluster, rng: random.Random) -> tuple[str, list[str]]:
+    """A key whose acceptors [a, b, c] among 5 peers become [a, b, peer-6] (in some
+    order) once peer-6 joins; returns it with [a, b, c]."""
+    vnodes = cluster.cluster.vnodes
+    before = Ring.build(_members(cluster, 5), vnodes=vnodes)
+    after = Ring.build(_members(cluster, 6), vnodes=vnodes)
+    for _ in range(10_000):
+        key = f"membership/{rng.randrange(10**12)}"
+        old = [m.peer_id for m in before.preference_list(key, 3)]
+        new = [m.peer_id for m in after.preference_list(key, 3)]
+        if "peer-6" in new and len(set(old) & set(new)) == 2:
+            return key, old
+    raise AssertionError("no key among 10 000 moves to peer-6 (placement is broken)")
+
+
+async def _wait_for_members(cluster: LocalCluster, count: int) -> None:
+    """Until every running peer's table places ``count`` members (bounded)."""
+    for _ in range(300):
+        sizes = []
+        for address in cluster.cluster.addresses:
+            async with Client(address, cluster.secret) as client:
+                sizes.append(len((await client.ring()).ring.members))
+        if sizes == [count] * len(sizes):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the peers did not all see {count} members within 30 s")
+
+
+async def test_a_joiner_catches_up_on_a_value_one_staying_acceptor_missed(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """Breaks: a record's value is chosen while one acceptor (b) is dead, so only a and
+    c hold it; b comes back empty; peer-6 joins and replaces c among the key's
+    acceptors; then a dies. The key's live acceptors are b (missed the write) and peer-6
+    (new). Must hold: the read returns the chosen value (peer-6 caught up on it from c
+    before answering); a compare-and-set expecting version 0 is refused."""
+    cluster = start_cluster(tmp_path, 5, peer_flags=PEER_FLAGS)
+    try:
+        key, (first, second, third) = _key_moved_by_the_join(cluster, rng)
+        after = Ring.build(_members(cluster, 6), vnodes=cluster.cluster.vnodes)
+        staying = [p for p in (first, second, third) if p in
+                   {m.peer_id for m in after.preference_list(key, 3)}]  # fmt: skip
+        leaving_acceptors = next(p for p in (first, second, third) if p not in staying)
+        missed, keeper = staying
+        cluster.kill(missed)
+        async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+            assert await client.put_record(key, b"chosen", expected_version=0) == 1
+        cluster.start(missed)
+        cluster.add_peer()
+        await _wait_for_members(cluster, 6)
+        cluster.signal(keeper, signal.SIGSTOP)
+        try:
+            async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+                record = await client.get_record(key)
+                assert record is not None, (
+                    f"{key}: read as absent from {missed} (missed it) and peer-6 (new); "
+                    f"{leaving_acceptors} holds it"
+                )
+                assert (record.version, record.value) == (1, b"chosen")
+        finally:
+            cluster.signal(keeper, signal.SIGCONT)
+    finally:
+        cluster.down(purge=True)
