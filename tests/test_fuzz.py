@@ -5,10 +5,13 @@ The pass sends a few hundred requests to a one-peer cluster of its own (a mutate
 body may be valid and add a member, which the shared ring must not see): every route of
 ``ring.api`` with malformed paths and query strings, signed, unsigned and tampered
 signing headers, and bodies of random bytes, mutated valid bodies, deep nesting and
-numbers no parser should take. Then it checks that every answer was below 500 and every
-error a JSON body, that the peer's 5xx counter is 0, that it answers ``GET /v1/health``
-from the same process, and that what was stored before reads back intact. A failing
-pass prints its seed (``SR3_TEST_SEED``) and replays exactly.
+numbers no parser should take; then record rounds (prepare, accept, reads for a round)
+with random and mutated ballots, views, next ballots and slot encodings, mostly signed
+and often with the peer's real view, so that many reach the acceptor. Then it checks
+that every answer was below 500 and every error a JSON body, that the peer's 5xx
+counter is 0, that it answers ``GET /v1/health`` from the same process, and that what
+was stored before reads back intact. A failing pass prints its seed (``SR3_TEST_SEED``)
+and replays exactly.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from dataclasses import dataclass
 
 from support import Answer, HttpProbe, MakeCluster, metric_value
 
-from ring import api, codec
+from ring import api, codec, paxos
+from ring.client import Client
+from ring.paxos import FAST, Ballot, Slot, Value
 from sr3.local import LocalCluster
 
 REQUESTS = 300
+RECORD_REQUESTS = 200
 DATAGRAMS = 60
 FIVE_XX = "sr3_peer_responses_5xx_total"
 KEEP_KEY = "keep/fuzz-record"
@@ -36,11 +42,16 @@ ROUTES = sorted(
 )
 # Signed, these would stop the peer on purpose; unsigned or tampered they are fuzzed too.
 SIGNED_EXCLUDED = {api.ADMIN_LEAVE, api.ADMIN_KILL}
-QUERY_NAMES = ["limit", "prefix", "deleted", "refs", "version", "expected_version", "hint"]
+QUERY_NAMES = ["limit", "prefix", "deleted", "hint", "ballot", "next", "view"]
 NUMBERS = [
     "0", "1", "7", "-1", "1.5", "1e3", "0x10", "", "NaN", "Infinity", "%00", "%",
     "%zz", "9" * 19, "18446744073709551616", "9" * 4000, str(api.VERSION_MAX),
     str(api.VERSION_MAX + 1), "%C2%B2", "1%C2%B2", "%EF%BC%91%EF%BC%92", "%D9%A3",
+]  # fmt: skip
+BALLOTS = [
+    "0.", "1.ab", "2.ab", "7.f", "1.5", f"{paxos.COUNTER_MAX}.f", f"{paxos.COUNTER_MAX + 1}.f",
+    "0.ab", "1.", ".ab", "1.AB", "1.xyz", "1.5.ab", "-1.ab", "1e3.ab", "0x1.ab", "+1.ab",
+    "%C2%B2.ab", "1.%C2%B2", "%EF%BC%91.ab", "1." + "f" * 33, "1." + "f" * 80, "%00", "",
 ]  # fmt: skip
 BAD_TIMESTAMPS = ["\u00b2", "\uff11\uff17\uff10\uff10", "9" * 3000, "-1", "1.5", ""]
 BAD_HEADER_VALUES = ["\u00e9" * 64, "\u00b2", "", "x" * 4000, "SR3-HMAC-SHA256 " + "\u00e9" * 64]
@@ -48,11 +59,13 @@ BAD_HEADER_VALUES = ["\u00e9" * 64, "\u00b2", "", "x" * 4000, "SR3-HMAC-SHA256 "
 
 @dataclass(frozen=True)
 class Stored:
-    """What the peer holds before the pass, to read back after it."""
+    """What the peer holds before the pass, to read back after it, and the view digest
+    it computes for every key (a one-peer ring: it is every key's acceptor)."""
 
     chunk_id: str
     chunk: bytes
     record: bytes
+    view: str
 
 
 def _percent(data: bytes) -> str:
@@ -91,12 +104,44 @@ def _key(rng: random.Random) -> str:
     return key
 
 
-def _query(rng: random.Random) -> str:
+def _ballot(rng: random.Random) -> str:
+    if rng.random() < 0.3:
+        return Ballot(rng.randrange(1, 2**20), rng.randbytes(rng.randrange(1, 9)).hex()).wire()
+    return rng.choice(BALLOTS) if rng.random() < 0.8 else rng.choice(NUMBERS)
+
+
+def _view(rng: random.Random, stored: Stored) -> str:
+    return rng.choice(
+        [
+            stored.view,
+            stored.view,
+            rng.randbytes(8).hex(),
+            stored.view.upper(),
+            stored.view[:-1],
+            stored.view + "0",
+            "",
+            "%C3%A9" * 4,
+            "%00",
+            _percent(rng.randbytes(8)),
+        ]
+    )
+
+
+def _query_value(rng: random.Random, name: str, stored: Stored) -> str:
+    if rng.random() < 0.2:
+        return _percent(rng.randbytes(6))
+    if name in ("ballot", "next"):
+        return _ballot(rng)
+    if name == "view":
+        return _view(rng, stored)
+    return rng.choice(NUMBERS)
+
+
+def _query(rng: random.Random, stored: Stored) -> str:
     pairs = []
     for _ in range(rng.randrange(4)):
         name = rng.choice(QUERY_NAMES)
-        value = rng.choice(NUMBERS) if rng.random() < 0.8 else _percent(rng.randbytes(6))
-        pairs.append(f"{name}={value}")
+        pairs.append(f"{name}={_query_value(rng, name, stored)}")
     return "?" + "&".join(pairs) if pairs else ""
 
 
@@ -105,7 +150,44 @@ def _path(rng: random.Random, route: api.Route, stored: Stored) -> str:
     path = path.replace("{key:.+}", _key(rng))
     if rng.random() < 0.1:
         path += rng.choice(["/", "//x", "/%00", "/%FF", "/.."])
-    return path + _query(rng)
+    return path + _query(rng, stored)
+
+
+def _value(rng: random.Random, stored: Stored) -> Value:
+    deleted = rng.random() < 0.2
+    return Value(
+        rng.choice([1, 2, rng.randrange(1, 1000), api.VERSION_MAX]),
+        b"" if deleted else rng.randbytes(rng.randrange(0, 300)),
+        () if deleted else rng.choice([(), (stored.chunk_id,), (codec.chunk_id(b"x"),)]),
+        deleted,
+        rng.randbytes(rng.randrange(0, 13)).hex(),
+    )
+
+
+def _slot_body(rng: random.Random, stored: Stored) -> bytes:
+    """An accept's body: a valid slot encoding, a mutated one, or noise."""
+    ballot = rng.choice([FAST, Ballot(1, "ab"), Ballot(rng.randrange(1, 99), "f")])
+    valid = paxos.encode_slot(Slot(ballot, ballot, _value(rng, stored)))
+    kind = rng.randrange(5)
+    if kind <= 1:
+        return valid
+    if kind == 2:
+        return _mutate(rng, valid)
+    if kind == 3:
+        cut = rng.randrange(len(valid) + 1)
+        return valid[:cut] + rng.randbytes(rng.randrange(0, 40))
+    return rng.choice([b"", b"SR3P", b"SR3P" + rng.randbytes(rng.randrange(4, 200))])
+
+
+def _round_path(rng: random.Random, route: api.Route, key: str, stored: Stored) -> str:
+    """A record route for ``key``, its query drawn mostly from plausible ballots and views."""
+    view = _view(rng, stored)
+    if route == api.RECORD_GET:
+        return api.record_raw_path(key) if rng.random() < 0.3 else api.record_round_path(key, view)
+    if route == api.PAXOS_PREPARE:
+        return api.prepare_path(key, _ballot(rng), view)
+    following = _ballot(rng) if rng.random() < 0.5 else None
+    return api.accept_path(key, _ballot(rng), view, following)
 
 
 def _gossip(
@@ -209,22 +291,37 @@ def _check(answer: Answer, method: str, what: str) -> None:
         assert isinstance(error.get("error"), str) and error["error"], (what, error)
 
 
-async def _store(probe: HttpProbe, address: str, rng: random.Random) -> Stored:
+async def _store(
+    probe: HttpProbe, cluster: LocalCluster, address: str, rng: random.Random
+) -> Stored:
     chunk_id, chunk = codec.encode(rng.randbytes(4096))
     assert (await probe.signed(address, "PUT", f"/v1/chunks/{chunk_id}", body=chunk)).status == 201
     record = f"kept through the fuzz pass {rng.randrange(10**9)}".encode()
-    path = api.record_cas_path(KEEP_KEY, 0, 1)
-    body = api.record_envelope([chunk_id], record)
-    assert (await probe.signed(address, "PUT", path, body=body)).status == 201
-    return Stored(chunk_id, chunk, record)
+    async with Client(cluster.ring, cluster.secret) as client:
+        written = await client.put_record(KEEP_KEY, record, expected_version=0, refs=[chunk_id])
+        assert written == 1
+    view = paxos.view_digest([cluster.cluster.peers[0].peer_id])
+    return Stored(chunk_id, chunk, record, view)
 
 
-async def _read_back(probe: HttpProbe, address: str, stored: Stored) -> None:
+async def _read_back(probe: HttpProbe, cluster: LocalCluster, stored: Stored) -> None:
+    address = cluster.cluster.addresses[0]
     chunk = await probe.signed(address, "GET", f"/v1/chunks/{stored.chunk_id}")
     assert (chunk.status, chunk.body) == (200, stored.chunk)
-    record = await probe.signed(address, "GET", api.record_path(KEEP_KEY))
-    assert (record.status, record.body) == (200, stored.record)
-    assert record.headers[api.HEADER_VERSION] == "1"
+    answer = await probe.signed(address, "GET", api.record_round_path(KEEP_KEY, stored.view))
+    assert answer.status == 200, answer
+    assert answer.headers[api.HEADER_VIEW] == stored.view
+    slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
+    value = slot.value
+    assert (value.version, value.data, value.refs, value.deleted) == (
+        1,
+        stored.record,
+        (stored.chunk_id,),
+        False,
+    )
+    async with Client(cluster.ring, cluster.secret) as client:
+        record = await client.get_record(KEEP_KEY)
+        assert record is not None and (record.version, record.value) == (1, stored.record)
 
 
 async def _one_request(
@@ -232,10 +329,32 @@ async def _one_request(
 ) -> None:
     route = rng.choice(ROUTES)
     path = _path(rng, route, stored)
-    body = _body(rng, stored) if route.method in ("PUT", "POST") else rng.choice([None, b"x"])
+    if route.method not in ("PUT", "POST"):
+        body = rng.choice([None, b"x"])
+    elif route == api.PAXOS_ACCEPT and rng.random() < 0.5:
+        body = _slot_body(rng, stored)
+    else:
+        body = _body(rng, stored)
     headers = _headers(rng, probe, route.method, path, body, address)
     if route in SIGNED_EXCLUDED and api.HEADER_AUTHORIZATION in headers:
         headers[api.HEADER_TIMESTAMP] = "\u00b2"
+    answer = await probe.send(address, route.method, path, body=body, headers=headers)
+    statuses[answer.status] += 1
+    _check(answer, route.method, f"{route.method} {path[:120]} body={(body or b'')[:60]!r}")
+
+
+async def _one_round_message(
+    probe: HttpProbe, address: str, rng: random.Random, stored: Stored, statuses: Counter[int]
+) -> None:
+    """A prepare, accept or read for a round on a fuzz key, signed in most cases."""
+    route = rng.choice([api.PAXOS_PREPARE, api.PAXOS_ACCEPT, api.RECORD_GET])
+    key = rng.choice([f"fuzz/round-{rng.randrange(8)}", _key(rng)])
+    path = _round_path(rng, route, key, stored)
+    body = _slot_body(rng, stored) if route == api.PAXOS_ACCEPT else None
+    if rng.random() < 0.85:
+        headers = probe.signer.headers(route.method, path, body, target=address)
+    else:
+        headers = _headers(rng, probe, route.method, path, body, address)
     answer = await probe.send(address, route.method, path, body=body, headers=headers)
     statuses[answer.status] += 1
     _check(answer, route.method, f"{route.method} {path[:120]} body={(body or b'')[:60]!r}")
@@ -248,11 +367,16 @@ async def _known_cases(probe: HttpProbe, address: str, stored: Stored) -> None:
             answer = await probe.signed(address, route.method, route.pattern, body=body)
             _check(answer, route.method, f"{route.pattern} {body[:60]!r}")
             assert answer.status == 400, (route.pattern, body[:60], answer.body[:200])
+    body = paxos.encode_slot(Slot(Ballot(1, "ab"), Ballot(1, "ab"), Value(1, b"v", op="01")))
     for digits in ("%C2%B2", "%EF%BC%91%EF%BC%92", str(10**30)):
-        path = f"/v1/records/fuzz/digits?expected_version={digits}"
-        answer = await probe.signed(address, "PUT", path, body=b"v")
-        _check(answer, "PUT", path)
-        assert answer.status == 400
+        for path, sent in [
+            (api.prepare_path("fuzz/digits", f"{digits}.ab", stored.view), None),
+            (api.accept_path("fuzz/digits", f"{digits}.ab", stored.view), body),
+            (api.accept_path("fuzz/digits", "1.ab", stored.view, f"{digits}.ab"), body),
+        ]:
+            answer = await probe.signed(address, "POST", path, body=sent)
+            _check(answer, "POST", path)
+            assert answer.status == 400, (path, answer.body[:200])
     chunk_id, chunk = codec.encode(b"hinted write")
     for hint in ("%E2%82%AC" * 120, "%0A", "x" * 200):
         path = f"/v1/chunks/{chunk_id}?hint={hint}"
@@ -291,26 +415,32 @@ async def _peer_is_intact(
     peer = cluster.cluster.peers[0]
     assert peer.pid == pid and cluster.running(peer.peer_id), "the peer was restarted or died"
     assert metric_value(await probe.metrics(address), FIVE_XX) == 0
-    await _read_back(probe, address, stored)
+    await _read_back(probe, cluster, stored)
 
 
 async def test_fuzzed_requests_and_datagrams_get_4xx_and_leave_the_peer_intact(
     make_cluster: MakeCluster, rng: random.Random
 ) -> None:
-    """Breaks: a few hundred malformed requests to every route and malformed datagrams
-    to the overlay. Must hold: no answer is 5xx, every error is JSON, the 5xx counter
-    stays 0, the same process answers health, and stored data reads back intact."""
+    """Breaks: a few hundred malformed requests to every route, a few hundred record
+    round messages (prepare, accept, reads) with random ballots, views and slot bodies,
+    and malformed datagrams to the overlay. Must hold: no answer is 5xx, every error is
+    JSON, the 5xx counter stays 0, the same process answers health, and stored data
+    (a chunk and a record referencing it) reads back intact."""
     cluster = make_cluster(1, replication=1, write_quorum=1)
     address = cluster.cluster.addresses[0]
     pid = cluster.cluster.peers[0].pid
     statuses: Counter[int] = Counter()
     async with HttpProbe(cluster.secret) as probe:
-        stored = await _store(probe, address, rng)
+        stored = await _store(probe, cluster, address, rng)
         await _known_cases(probe, address, stored)
         for _ in range(REQUESTS):
             await _one_request(probe, address, rng, stored, statuses)
+        for _ in range(RECORD_REQUESTS):
+            await _one_round_message(probe, address, rng, stored, statuses)
         _send_datagrams(address, rng)
         await asyncio.sleep(0.5)
         await _peer_is_intact(probe, cluster, pid, stored)
-    assert sum(statuses.values()) == REQUESTS
+    assert sum(statuses.values()) == REQUESTS + RECORD_REQUESTS
     assert any(400 <= status < 500 for status in statuses), statuses
+    # The round messages reached the acceptor, not only the parsers in front of it.
+    assert statuses[200] and statuses[409], statuses
