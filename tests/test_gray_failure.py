@@ -1,7 +1,8 @@
 """Gray failure: a frozen peer (SIGSTOP: the kernel still accepts its connections, it
 never answers) must not hold a client's writes or reads for the transport's read
-timeout (30 s). Writes return once W replicas acknowledged, reads hedge to the next
-replica, and what the client stores stays intact.
+timeout (30 s). Writes return once W replicas acknowledged, chunk reads hedge to the
+next replica, record reads answer as soon as the live acceptors' slots show the value
+chosen (``ring.paxos.chosen_value``), and what the client stores stays intact.
 
 Real peers on the shared ring; the frozen peer is always resumed (SIGCONT) afterwards.
 """
@@ -21,8 +22,7 @@ from support import chunk_holders
 
 from ring import codec
 from ring.client import Client, ClientOptions
-from ring.client.options import BLOB_KEY_PREFIX, RecordValue
-from ring.client.records import agreed
+from ring.client.options import BLOB_KEY_PREFIX
 from ring.client.view import (
     HEDGE_DELAY_S_MAX,
     HEDGE_DELAY_S_MIN,
@@ -31,6 +31,7 @@ from ring.client.view import (
     RingView,
     hedge_delay_s,
 )
+from ring.paxos import EMPTY, FAST, NOTHING, Ballot, Slot, Value, chosen_value
 from ring.placement import Member
 from ring.replicas import Hedge, read_from_replicas
 from ring.transport import Response, Transport
@@ -63,7 +64,10 @@ async def within_bound(what: str, op: Callable[[], Awaitable[T]]) -> T:
 
 
 def replicated_on(view: RingView, key: str, peer_id: str) -> bool:
-    return peer_id in {member.peer_id for member in view.ring.candidates(key, view.replication)}
+    """Whether ``peer_id`` is one of the R peers that hold ``key`` (its preference list;
+    ``candidates`` would name every member)."""
+    preferred = view.ring.preference_list(key, view.replication)
+    return peer_id in {member.peer_id for member in preferred}
 
 
 def key_on(view: RingView, peer_id: str, stem: str, prefix: str = "") -> str:
@@ -90,9 +94,10 @@ async def test_with_one_peer_frozen_puts_and_gets_return_within_the_bound(
     chunk, and a replica of every chunk and record the test then touches. Must hold,
     with a client that still believes the peer up: a named put and get, a record
     compare-and-set and read each return within BOUND_S (today: 30 s, the read timeout)
-    with the right bytes and versions; once the client's background writes are done, the
-    new chunk is on R live peers (a stand-in holds the frozen peer's copy); after SIGCONT
-    everything reads back intact."""
+    with the right bytes and versions, the record read without a consensus round (the
+    two live acceptors' slots show the value just chosen at a classic ballot); once the
+    client's background writes are done, the new chunk is on R live peers (a stand-in
+    holds the frozen peer's copy); after SIGCONT everything reads back intact."""
     before = rng.randbytes(50_000)
     async with Client(ring.ring, ring.secret) as client:
         view = await client.ring()
@@ -114,8 +119,10 @@ async def test_with_one_peer_frozen_puts_and_gets_return_within_the_bound(
                 lambda: client.put_record(record_key, b"two", expected_version=version),
             )
             assert written == version + 1
+            rounds_for_reads = client.records.rounds_for_reads
             record = await within_bound("get_record", lambda: client.get_record(record_key))
             assert record is not None and (record.version, record.value) == (written, b"two")
+            assert client.records.rounds_for_reads == rounds_for_reads
             assert await within_bound("get_bytes", lambda: client.get_bytes(key_after)) == after
             await client.view.aclose()
             assert client.view.background_lanes() == 0
@@ -136,22 +143,32 @@ def test_hedge_delay_is_the_p95_of_recent_latencies_within_its_bounds() -> None:
     assert hedge_delay_s([30.0] * 100) == HEDGE_DELAY_S_MAX
 
 
-def test_a_read_quorum_that_disagrees_at_the_newest_version_is_not_enough() -> None:
-    """A read may return before every replica answered only when the answers it has
-    agree on the newest value: concurrent writers of one version leave different values,
-    and the one most replicas hold (the winner) needs every answer."""
-    one = RecordValue("k", 3, b"a")
-    other = RecordValue("k", 3, b"b")
-    older = RecordValue("k", 2, b"b")
-    assert agreed([None, None])
-    assert agreed([one, RecordValue("k", 3, b"a")])
-    assert not agreed([one, other])
-    assert not agreed([one, RecordValue("k", 3, b"", deleted=True)])
-    # A stale or missing copy waits for every replica: after a join the reader's
-    # preferred peers may not be those the newest write was acknowledged on (W=2 on
-    # A and B; the reader asks B, C, D; B is slow, C missed the write, D is new).
-    assert not agreed([one, older])
-    assert not agreed([older, None])
+def test_two_live_acceptors_decide_a_read_only_when_their_slots_show_the_value_chosen() -> None:
+    """Breaks: one of a key's three acceptors (R=3, W=2) is frozen, so a read has the
+    slots of two. Must hold: they decide it without a round only when they show the
+    value chosen: both accepted it at one classic ballot, or neither accepted anything
+    (absent); a fast-round value needs all three; two answers at different ballots,
+    with different values, or a value beside an empty slot (a stale copy and a new owner
+    after a join) decide nothing: a round must."""
+    ballot, later = Ballot(4, "ab"), Ballot(5, "cd")
+    one = Value(3, b"a", op="01")
+    other = Value(3, b"b", op="02")
+    older = Value(2, b"b", op="03")
+    tombstone = Value(4, deleted=True, op="04")
+
+    def read(*slots: Slot) -> Value | None:
+        return chosen_value(slots, 3, 2)
+
+    assert read(Slot(later, ballot, one), Slot(ballot, ballot, one)) == one
+    assert read(NOTHING, Slot(ballot)) == EMPTY  # a bare promise accepted nothing
+    assert read(Slot(ballot, ballot, one)) is None  # one answer is not enough
+    assert read(Slot(ballot, ballot, one), Slot(later, later, one)) is None
+    assert read(Slot(ballot, ballot, one), Slot(ballot, ballot, other)) is None
+    assert read(Slot(ballot, ballot, one), Slot(later, later, tombstone)) is None
+    assert read(Slot(ballot, ballot, one), Slot(ballot, ballot, older)) is None
+    assert read(Slot(ballot, ballot, one), NOTHING) is None
+    assert read(Slot(FAST, FAST, one), Slot(FAST, FAST, one)) is None
+    assert read(*[Slot(FAST, FAST, one)] * 3) == one
 
 
 class SilentFirst:
