@@ -1,9 +1,11 @@
 """Manifest records on the real ring: compare-and-set, restarts and a dead replica.
 
-What must hold: ``put_record`` is a compare-and-set on the version: a stale expected
-version is refused with ``RecordConflict`` (each replica answers 409 with its
-``current_version``) and changes nothing; a record survives the restart of its replicas;
-with one replica dead, ``get_record`` still returns the newest version.
+What must hold: ``put_record`` is a compare-and-set on the version, decided by consensus
+among the key's acceptors: a stale expected version is refused with ``RecordConflict``
+and changes nothing, and a stale prepare or accept sent straight to an acceptor is
+pre-empted (409) without touching the chosen value; of concurrent writers of one version
+exactly one wins; a record survives the restart of its replicas; with one replica dead,
+``get_record`` still returns the newest version.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ import pytest
 import xxhash
 from support import HttpProbe
 
+from ring import api, paxos
 from ring.client import Client
-from ring.errors import RecordConflict
+from ring.client.proposer import Acceptors
+from ring.errors import RecordConflict, RecordUnknown
+from ring.paxos import FAST, Ballot, Slot, Value
 from sr3.local import LocalCluster
 
 
@@ -31,12 +36,22 @@ def _record_holders(cluster: LocalCluster, key: str) -> list[str]:
     ]
 
 
+async def _slot(probe: HttpProbe, address: str, key: str) -> Slot:
+    """The slot a peer holds for ``key``, as it is."""
+    answer = await probe.signed(address, "GET", api.record_raw_path(key))
+    assert answer.status == 200, answer
+    return paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)[0]
+
+
 async def test_compare_and_set_refuses_a_stale_version(
     ring: LocalCluster, rng: random.Random
 ) -> None:
-    """Breaks: a writer that read version 0 writes after another writer made version 1.
-    Must hold: RecordConflict naming the current version; the stored value is untouched;
-    a writer that expects the current version succeeds and gets the next one."""
+    """Breaks: a writer that read version 0 writes after another writer made version 1;
+    then stale rounds are sent straight to each acceptor (a fast create, accepts and
+    prepares at ballots below the ones the writers used). Must hold: RecordConflict
+    naming the current version; the stored value is untouched; a writer that expects the
+    current version succeeds and gets the next one; every direct stale message is 409
+    "preempted" and each acceptor's slot, and the value a client reads, stay as chosen."""
     key = f"manifest/query-{rng.randrange(10**9)}/latest"
     async with Client(ring.ring, ring.secret) as client:
         assert await client.get_record(key) is None
@@ -55,29 +70,43 @@ async def test_compare_and_set_refuses_a_stale_version(
         assert not record.conflict
         assert (await client.list_records("manifest/"))[key] == 2
 
+        acceptors = Acceptors.of(await client.ring(), key)
+
     holders = _record_holders(ring, key)
-    assert len(holders) == 3, holders
+    assert sorted(holders) == sorted(m.peer_id for m in acceptors.members), holders
+    stale = Value(1, b"direct stale", op="0bad")
     async with HttpProbe(ring.secret) as probe:
-        for peer_id in holders:
-            address = ring.peer(peer_id).address
-            answer = await probe.signed(
-                address, "PUT", f"/v1/records/{key}?expected_version=0", body=b"direct stale"
-            )
-            assert answer.status == 409, (peer_id, answer)
-            assert answer.json()["current_version"] == 2
-            assert answer.json()["error"]
-            current = await probe.signed(address, "GET", f"/v1/records/{key}")
-            assert (current.status, current.body) == (200, b"batch-2")
-            assert current.headers["X-SR3-Version"] == "2"
+        for member in acceptors.members:
+            chosen = await _slot(probe, member.address, key)
+            assert (chosen.value.version, chosen.value.data) == (2, b"batch-2"), member
+            assert chosen.accepted is not None and chosen.accepted.counter >= 1
+            low = Ballot(1, "0")
+            assert low < chosen.accepted
+            for path, body in [
+                (api.accept_path(key, FAST.wire(), acceptors.view), stale),
+                (api.accept_path(key, low.wire(), acceptors.view), stale),
+                (api.prepare_path(key, low.wire(), acceptors.view), None),
+            ]:
+                sent = None if body is None else paxos.encode_slot(Slot(low, low, body))
+                answer = await probe.signed(member.address, "POST", path, body=sent)
+                assert answer.status == 409, (member.peer_id, path, answer)
+                assert answer.json()["error"] == "preempted"
+                assert Ballot.parse(answer.json()["promised"]) >= chosen.accepted
+            assert await _slot(probe, member.address, key) == chosen
+    async with Client(ring.ring, ring.secret) as client:
+        record = await client.get_record(key)
+        assert record is not None and (record.version, record.value) == (2, b"batch-2")
 
 
 async def test_concurrent_writers_of_one_version_exactly_one_wins(
     ring: LocalCluster, rng: random.Random
 ) -> None:
-    """Breaks: four writers race to replace version 0 (each replica accepts the first
-    that reaches it). Must hold: at most one writer is told it succeeded (two would need
-    2 of 3 replicas each), every other gets RecordConflict; readers then see the winner's
-    value, or, if the replicas split three ways, a version-1 value flagged ``conflict``."""
+    """Breaks: four writers race to replace version 0 (their fast creates collide at the
+    acceptors, then their rounds pre-empt each other). Must hold: exactly one writer is
+    told it succeeded (consensus chooses one value, even when the acceptors' fast values
+    split three ways), every other gets RecordConflict naming version 1 (RecordUnknown
+    if its own value reached an acceptor before another was chosen); readers, fresh ones
+    too, then see the winner's value, never flagged ``conflict``."""
     key = f"manifest/race-{rng.randrange(10**9)}"
     clients = [Client(ring.ring, ring.secret) for _ in range(4)]
     try:
@@ -89,14 +118,19 @@ async def test_concurrent_writers_of_one_version_exactly_one_wins(
             return_exceptions=True,
         )
         winners = [index for index, result in enumerate(results) if result == 1]
-        assert len(winners) <= 1, results
-        assert all(result == 1 or isinstance(result, RecordConflict) for result in results)
-        record = await clients[0].get_record(key)
-        assert record is not None and record.version == 1
-        if winners:
-            assert record.value == f"writer-{winners[0]}".encode(), results
-        else:
-            assert record.conflict, results
+        assert len(winners) == 1, results
+        for result in results:
+            assert result == 1 or isinstance(result, (RecordConflict, RecordUnknown)), results
+            if isinstance(result, RecordConflict):
+                assert (result.expected, result.current) == (0, 1), results
+        winner = f"writer-{winners[0]}".encode()
+        for client in clients:
+            record = await client.get_record(key)
+            assert record is not None and (record.version, record.value) == (1, winner)
+            assert not record.conflict
+        async with Client(ring.ring, ring.secret) as fresh:
+            record = await fresh.get_record(key)
+            assert record is not None and (record.version, record.value) == (1, winner)
     finally:
         for client in clients:
             await client.close()
@@ -106,6 +140,10 @@ async def test_concurrent_writers_of_one_version_exactly_one_wins(
 async def test_record_survives_restart_of_its_replicas(
     ring: LocalCluster, rng: random.Random, how: str
 ) -> None:
+    """Breaks: every acceptor of a record at version 2 is SIGKILLed (or stopped
+    cleanly), then all restart together. Must hold: each reads back its slot from disk
+    with version 2 (one accepted ballot across the three); a client reads version 2
+    and a write expecting version 1 is refused."""
     key = f"manifest/restart-{rng.randrange(10**9)}"
     async with Client(ring.ring, ring.secret) as client:
         await client.put_record(key, b"v1", expected_version=0)
@@ -117,13 +155,10 @@ async def test_record_survives_restart_of_its_replicas(
     await asyncio.to_thread(lambda: [ring.start(peer_id, wait=False) for peer_id in holders])
     await asyncio.to_thread(ring.wait_healthy, holders)
     async with HttpProbe(ring.secret) as probe:
-        for peer_id in holders:
-            answer = await probe.signed(ring.peer(peer_id).address, "GET", f"/v1/records/{key}")
-            assert (answer.status, answer.body, answer.headers["X-SR3-Version"]) == (
-                200,
-                b"v2",
-                "2",
-            )
+        slots = [await _slot(probe, ring.peer(peer_id).address, key) for peer_id in holders]
+    for peer_id, slot in zip(holders, slots, strict=True):
+        assert (slot.value.version, slot.value.data) == (2, b"v2"), peer_id
+    assert len({slot.accepted for slot in slots}) == 1, slots
     async with Client(ring.ring, ring.secret) as client:
         record = await client.get_record(key)
         assert record is not None and (record.version, record.value) == (2, b"v2")
