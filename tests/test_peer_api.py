@@ -30,7 +30,7 @@ from ring.api import EXISTS_IDS_MAX, REQUEST_BYTES_MAX
 from ring.auth import Signer
 from ring.client import Client
 from ring.client.proposer import Acceptors
-from ring.errors import AuthError, QuorumError
+from ring.errors import AuthError
 from ring.paxos import FAST, Ballot, Slot, Value
 from ring.placement import Member, Ring
 from sr3.local import LocalCluster
@@ -971,18 +971,7 @@ async def test_malformed_json_bodies_are_400(
 
 @pytest.mark.parametrize(
     "below_max",
-    [
-        2,
-        pytest.param(
-            1,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=QuorumError,
-                reason="the proposer's accept at COUNTER_MAX carries next=COUNTER_MAX+1, "
-                "which every acceptor refuses with 400",
-            ),
-        ),
-    ],
+    [2, 1],
 )
 async def test_record_versions_are_bounded_and_a_key_stays_writable(
     peer_stays_up: LocalCluster, target: str, rng: random.Random, below_max: int

@@ -269,6 +269,8 @@ class Proposer:
 
     def _next_ballot(self, key: str) -> Ballot:
         counter = self._counters.get(key, 0) + 1
+        if counter > paxos.COUNTER_MAX:
+            raise ProtocolError(f"record {key!r}: its ballots reached {paxos.COUNTER_MAX}")
         self._note_counter(key, counter)
         return Ballot(counter, self.id)
 
@@ -332,7 +334,13 @@ class Proposer:
     # -- accept -------------------------------------------------------------------------
 
     async def _accept_at(
-        self, member: Member, key: str, ballot: Ballot, body: bytes, view: str, following: str
+        self,
+        member: Member,
+        key: str,
+        ballot: Ballot,
+        body: bytes,
+        view: str,
+        following: str | None,
     ) -> bool | Preempted:
         answer = await self._transport.request(
             member.address,
@@ -362,9 +370,13 @@ class Proposer:
         ballot, which it keeps for the next change when enough acceptors gave it."""
         needed = acceptors.replication if all_needed else acceptors.write_quorum
         holding = max(acceptors.write_quorum, acceptors.promise_quorum)
-        following = Ballot(max(ballot.counter, self._counters.get(key, 0)) + 1, self.id)
-        # Noted before sending: a later prepare of this proposer goes above it.
-        self._note_counter(key, following.counter)
+        counter = max(ballot.counter, self._counters.get(key, 0)) + 1
+        # None past the last ballot there is: nothing to promise after it.
+        following = Ballot(counter, self.id) if counter <= paxos.COUNTER_MAX else None
+        if following is not None:
+            # Noted before sending: a later prepare of this proposer goes above it.
+            self._note_counter(key, following.counter)
+        next_wire = None if following is None else following.wire()
         body = paxos.encode_slot(Slot(ballot, ballot, value))
 
         def settled(answers: Sequence[tuple[Member, bool | Preempted]], running: int) -> bool:
@@ -377,7 +389,7 @@ class Proposer:
             acceptors.members,
             acceptors.replication,
             lambda member, _hint: self._accept_at(
-                member, key, ballot, body, acceptors.view, following.wire()
+                member, key, ballot, body, acceptors.view, next_wire
             ),
             strict=True,
             early=Early(settled, grace_s=0.0, background=True),
@@ -387,7 +399,7 @@ class Proposer:
         acks = sum(1 for _m, answer in result.answers if answer is True)
         refusals = [answer for _m, answer in result.answers if isinstance(answer, Preempted)]
         if acks >= needed:
-            if hold and acks >= holding:
+            if hold and following is not None and acks >= holding:
                 self._held[key] = _Held(following, value, acceptors.view, self._view.clock())
                 self._held.move_to_end(key)
                 while len(self._held) > HELD_KEYS_MAX:
