@@ -661,11 +661,26 @@ def build_report(
             "contend: latency of each put_record attempt (its read before it not timed); "
             "rounds_histogram: rounds a put took (new only), from proposer.stats",
             "cpu_ms_per_op: CPU of the worker (all its clients) and of the 5 peers / calls",
+            "runs: each repetition's figures (per-call latencies are not kept)",
         ],
         "runs": {
-            side: {phase: [asdict(p) for p in phases[side][phase]] for phase in PHASES}
+            side: {phase: [run_figures(p) for p in phases[side][phase]] for phase in PHASES}
             for side in SIDES
         },
+    }
+
+
+def run_figures(phase: Phase) -> dict[str, Any]:
+    """One phase of one repetition for the JSON: its figures, not every call's latency."""
+    figures = asdict(phase)
+    latencies = figures.pop("latencies_ms")
+    return {
+        "calls": len(latencies),
+        "p50_ms": phase.p50_ms,
+        "p99_ms": phase.p99_ms,
+        "max_ms": max(latencies),
+        "ops_per_s": phase.ops_per_s,
+        **figures,
     }
 
 
