@@ -104,7 +104,10 @@ class RecordIO:
         )
         if ok:
             return chosen.version
-        if self.proposer.exposed and chosen.version > expected_version:
+        # The register takes each version once: another value chosen at exactly the
+        # version this write proposed means it lost; only a later one hides whether this
+        # write took effect first.
+        if self.proposer.exposed and chosen.version > expected_version + 1:
             raise RecordUnknown(
                 f"record {key!r}: the write of version {expected_version + 1} was interrupted "
                 f"and version {chosen.version} is now chosen; it may or may not have taken effect"
