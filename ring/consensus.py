@@ -78,6 +78,8 @@ class Acceptor:
         transport: Transport,
         settings: AcceptorSettings,
         clock: Callable[[], float],
+        *,
+        start_known: bool = False,
     ) -> None:
         self._me = me
         self._records = records
@@ -89,8 +91,9 @@ class Acceptor:
         self._placement: tuple[Member, ...] | None = None
         # The rings that were current within the window, with when they stopped being
         # (None: unknown, what this peer missed while it was not running: it may have
-        # been away while others took its keys over).
-        self._history: list[tuple[float, Ring | None]] = [(clock(), None)]
+        # been away while others took its keys over). ``start_known``: it was away too
+        # briefly for that (less than the removal grace).
+        self._history: list[tuple[float, Ring | None]] = [] if start_known else [(clock(), None)]
         self._synced: set[str] = set()
         self._syncing: dict[str, asyncio.Lock] = {}
         self.syncs = 0
@@ -127,7 +130,7 @@ class Acceptor:
 
     # -- catching up --------------------------------------------------------------------
 
-    def _must_sync(self, key: str) -> bool:
+    def needs_catch_up(self, key: str) -> bool:
         """Whether this peer may hold less than it should for ``key``: a ring current
         within the window (or a time it was not running) had other acceptors for it."""
         self.ring()
@@ -143,12 +146,12 @@ class Acceptor:
         )
 
     async def _sync(self, key: str) -> None:
-        if not self._must_sync(key):
+        if not self.needs_catch_up(key):
             return
         lock = self._syncing.setdefault(key, asyncio.Lock())
         try:
             async with lock:
-                if self._must_sync(key):
+                if self.needs_catch_up(key):
                     await self._catch_up(key)
         finally:
             if not lock.locked() and self._syncing.get(key) is lock:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,10 @@ CONTROL_TIMEOUTS = TransportTimeouts(connect_s=1.0, read_s=3.0)
 EGRESS_BURST_BYTES = 64 * 1024
 # How often a member table or identity that could not be saved (full disk) is retried.
 SAVE_RETRY_INTERVAL_S = 2.0
+# The alive stamp's period, and the share of the removal grace a restarted peer may have
+# been away for and still take its record slots as current (ring.consensus).
+ALIVE_INTERVAL_S = 5.0
+ALIVE_AWAY_SHARE = 0.5
 
 
 def _saved_epoch(path: Path, peer_id: str) -> int:
@@ -105,6 +110,19 @@ def _load_members(path: Path) -> list[Entry]:
     except (OSError, ValueError, ProtocolError) as exc:
         log.warning("ignoring saved member table %s: %s", path, exc)
         return []
+
+
+def _away_s(path: Path, wall_clock: Callable[[], float]) -> float | None:
+    """Seconds since the alive stamp at ``path`` was written (None: none readable)."""
+    try:
+        stamp = json.loads(path.read_bytes())
+        at = float(stamp["at"]) if isinstance(stamp, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if at is None or not math.isfinite(at):
+        return None
+    away_s = wall_clock() - at
+    return away_s if away_s >= 0 else None
 
 
 class Node:
@@ -148,6 +166,9 @@ class Node:
         self._members_file = PendingWrite(
             tmp_dir, config.data_dir / "members.json", "the member table"
         )
+        # When this peer was last running (wall time, every ALIVE_INTERVAL_S): a restart
+        # within the removal grace finds its keys where it left them (ring.consensus).
+        self._alive_file = PendingWrite(tmp_dir, config.data_dir / "alive.json", "the alive stamp")
         self.leaving = asyncio.Event()
         self.left = asyncio.Event()
         self.handover = HandOver(self.chunks, self.records)
@@ -200,6 +221,7 @@ class Node:
         me = Entry(config.peer_id, config.address, config.zone, "up", self.epoch, 0)
         timeouts = Timeouts(config.failure_timeout_s, config.removal_grace_s)
         self._table = MemberTable(me, self.clocks.monotonic, timeouts)
+        away_s = _away_s(self._alive_file.path, self.clocks.wall)
         self._table.merge(_load_members(self._members_file.path))
         self._gossiper = Gossiper(
             self._table,
@@ -240,6 +262,13 @@ class Node:
                 sync_window_s=config.failure_timeout_s + 3 * config.repair_interval_s,
             ),
             self.clocks.monotonic,
+            # Away for less than the grace (and the ring known): nobody removed it, so
+            # no key it answered for moved while it was down.
+            start_known=(
+                self._members_file.path.exists()
+                and away_s is not None
+                and away_s < ALIVE_AWAY_SHARE * config.removal_grace_s
+            ),
         )  # fmt: skip
         self._collector = ChunkCollector(
             config.peer_id, self._table, self.chunks, self.records, self.control_transport,
@@ -271,6 +300,20 @@ class Node:
             self._save_pending,
             SAVE_RETRY_INTERVAL_S,
             first_at_once=False,
+            tolerated=(SR3Error,),
+            clock=self.clocks.monotonic,
+        )
+
+    async def _save_alive(self) -> None:
+        self._alive_file.set(json.dumps({"at": self.clocks.wall()}).encode())
+        await asyncio.to_thread(self._alive_file.flush)
+
+    async def _stamp_alive(self) -> None:
+        await run_periodic(
+            "stamping the alive file",
+            self._save_alive,
+            ALIVE_INTERVAL_S,
+            first_at_once=True,
             tolerated=(SR3Error,),
             clock=self.clocks.monotonic,
         )
@@ -309,6 +352,7 @@ class Node:
             group.create_task(self._collect_when_ready())
             group.create_task(self._leave_when_asked())
             group.create_task(self._retry_saves())
+            group.create_task(self._stamp_alive())
 
     async def _join_overlay(self) -> None:
         assert self.overlay is not None

@@ -19,10 +19,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import HttpProbe, MakeCluster, chunk_holders
 
-from ring import api, codec
+from ring import api, codec, paxos
 from ring.client import Client, ClientOptions, Source
 from ring.client.admin import LeaveReport, leave_summary
 from ring.errors import ProtocolError, SR3Error
+from ring.paxos import FAST, Ballot, Slot, Value
 from sr3.local import LocalCluster
 
 REPLICATION = 3
@@ -236,10 +237,15 @@ async def test_a_leaving_peer_takes_no_writes_and_confirms_no_copy(
     async with HttpProbe(cluster.secret) as probe:
         put = await probe.signed(address, "PUT", api.chunk_path(chunk_id), body=stored)
         assert put.status == 503 and put.json()["error"] == "leaving", put
+        proposal = paxos.encode_slot(Slot(FAST, FAST, Value(1, b"value", op="01")))
         record = await probe.signed(
-            address, "PUT", api.record_cas_path("leave/new", 0, 0), body=b"value"
+            address, "POST", api.accept_path("leave/new", FAST.wire(), "0" * 16), body=proposal
         )
-        assert record.status == 503, record
+        assert record.status == 503 and record.json()["error"] == "leaving", record
+        prepare = await probe.signed(
+            address, "POST", api.prepare_path("leave/new", Ballot(1, "ab").wire(), "0" * 16)
+        )
+        assert prepare.status == 503, prepare
         exists = await probe.signed(
             address, "POST", api.CHUNKS_EXIST.pattern, body=api.exists_request(held)
         )
@@ -248,5 +254,6 @@ async def test_a_leaving_peer_takes_no_writes_and_confirms_no_copy(
             address, "POST", api.RECORD_VERSIONS.pattern, body=api.versions_request(sorted(values))
         )
         assert set(versions.json()["versions"].values()) == {0}, versions
+        assert versions.json()["ballots"] == {}, versions
         got = await probe.signed(address, "GET", api.chunk_path(held[0]))
         assert got.status in (200, 404), got  # served while held; gone once handed over

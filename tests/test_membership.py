@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from ring.api import member_table_body
 from ring.clock import Clocks
 from ring.errors import ProtocolError
 from ring.membership import Entry, MemberTable, Timeouts
@@ -223,3 +225,33 @@ async def test_durations_of_a_node_ignore_wall_steps_and_stored_times_use_wall(
     tombstone = await node.records.accept("k", ballot, Value(1, deleted=True, op="01"))
     assert isinstance(tombstone, Slot) and tombstone.deleted_at == time.wall_now
     assert node.clock() == time.wall_now  # request signatures: compared across machines
+
+
+@pytest.mark.parametrize(
+    ("away_s", "members_saved", "catches_up"),
+    [
+        (None, False, True),  # a new peer: it may be joining a ring that holds its keys
+        (2.0, True, False),  # restarted within the grace: nobody took its keys over
+        (2.0, False, True),  # no member table saved: it cannot know what it missed
+        (40.0, True, True),  # away longer than the grace allows: it may have been removed
+    ],
+)
+async def test_a_restarted_peer_catches_up_on_records_only_if_it_may_have_been_replaced(
+    tmp_path: Path, away_s: float | None, members_saved: bool, catches_up: bool
+) -> None:
+    """Breaks: a peer starts with an alive stamp ``away_s`` old (or none) and a saved
+    member table (or none). Must hold: it catches up on a key before answering for it
+    exactly when it may have been out of the ring while others took its keys over (no
+    stamp, no table, or away for half the removal grace or more), and once the window
+    after its start has passed it no longer does."""
+    time = SteppedClocks()
+    if away_s is not None:
+        (tmp_path / "alive.json").write_text(json.dumps({"at": time.wall_now - away_s}))
+    if members_saved:
+        (tmp_path / "members.json").write_text(
+            json.dumps(member_table_body([entry("p1"), entry("p2")]))
+        )
+    node, _ = node_table(tmp_path, time)
+    assert node.acceptor.needs_catch_up("manifest/q/1") is catches_up
+    time.tick(5.0 + 3 * 10.0 + 1.0)  # failure timeout + 3 repair intervals, and a second
+    assert node.acceptor.needs_catch_up("manifest/q/1") is False
