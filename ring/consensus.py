@@ -11,17 +11,18 @@ different sets of peers need not meet. The proposer refreshes its table and retr
 **New owners catch up before they answer.** After a membership change a peer may be
 preferred for keys whose slots are elsewhere (a join, a leave, a removal after the grace);
 an empty slot there would count as a promise that never accepted anything and could hide a
-chosen value. So for ``sync_window_s`` after this peer started (it may have been away
-while others took its keys over) or after a placement under which it was not one of a
-key's acceptors, the first round that touches such a key here first asks the key's other
-candidates for their slots (the R peers after this one in the key's walk: the other
-preferred peers and the next one, which held the key before a join) and merges them
-(``RecordStore.merge``).
-It needs ``R - W + 1`` answers from peers that compute the same acceptors as it does:
-those will refuse proposers that still use the old ones, so no value can be chosen
-among the old acceptors afterwards without one of them. Until it has them, it answers
-503 ``syncing`` and the proposer counts it as unavailable. After the window, repair has
-moved slots to their new owners (it pushes them as accepts, ``RecordStore.accept``).
+chosen value. So for ``sync_window_s`` after a placement under which it was not one of
+a key's acceptors, and after its own start unless it knows it was away too briefly to be
+replaced (``start_known``), the first round that touches such a key here first asks the
+peers that answered for it (that placement's acceptors; after a start, the key's other
+candidates now: the other acceptors and the next peer in the walk, which held the key
+before a join) for their slots and merges them (``RecordStore.merge``). It needs
+``R - W + 1`` of each group (all of those still in the ring, when fewer) that compute the
+same acceptors as it does: those refuse proposers that still use the old ones, so no
+value can be chosen among the old acceptors afterwards without one of them. Until it has
+them, it answers 503 ``syncing`` and the proposer counts it as unavailable. After the
+window, repair has moved slots to their new owners (it pushes them as accepts,
+``RecordStore.accept``).
 
 Where this stops: more than ``R - W`` of a key's acceptors lost at once (a removal and a
 frozen peer, say) can leave no copy of a chosen value among the peers a new owner asks.
