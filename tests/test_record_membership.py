@@ -15,9 +15,11 @@ import random
 import signal
 from pathlib import Path
 
-from support import start_cluster
+from support import HttpProbe, start_cluster
 
+from ring import api, paxos
 from ring.client import Client, ClientOptions
+from ring.paxos import Slot
 from ring.placement import Member, Ring
 from sr3.local import LocalCluster
 
@@ -101,5 +103,49 @@ async def test_a_joiner_catches_up_on_a_value_one_staying_acceptor_missed(
                 assert (record.version, record.value) == (1, b"chosen")
         finally:
             cluster.signal(keeper, signal.SIGCONT)
+    finally:
+        cluster.down(purge=True)
+
+
+async def _slot(address: str, secret: str, key: str) -> Slot:
+    async with HttpProbe(secret) as probe:
+        answer = await probe.signed(address, "GET", api.record_raw_path(key))
+    assert answer.status == 200, answer
+    slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
+    return slot
+
+
+async def test_repair_brings_a_lagging_acceptor_the_chosen_slot(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """Breaks: one of a key's three acceptors is dead while the value is chosen (so only
+    two hold it), then comes back with nothing. Must hold: within a few repair rounds it
+    holds the chosen value at the ballot it was chosen at (repair sends it as a late
+    accept), so the key again survives the loss of either other acceptor."""
+    flags = ["--scrub-rate", "0", "--repair-interval", "0.5", "--failure-timeout", "2"]
+    cluster = start_cluster(tmp_path, 5, peer_flags=flags)
+    try:
+        key = f"repair/{rng.randrange(10**12)}"
+        ring = Ring.build(_members(cluster, 5), vnodes=cluster.cluster.vnodes)
+        acceptors = [m.peer_id for m in ring.preference_list(key, 3)]
+        lagging = rng.choice(acceptors)
+        cluster.kill(lagging)
+        async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+            assert await client.put_record(key, b"chosen", expected_version=0) == 1
+        holders = [p for p in acceptors if p != lagging]
+        chosen = await _slot(cluster.peer(holders[0]).address, cluster.secret, key)
+        assert chosen.accepted is not None and chosen.value.data == b"chosen"
+        cluster.start(lagging)
+        address = cluster.peer(lagging).address
+        for _ in range(200):  # bounded: 20 s
+            slot = await _slot(address, cluster.secret, key)
+            if slot.accepted is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert (slot.accepted, slot.value) == (chosen.accepted, chosen.value), slot
+        cluster.kill(holders[0])
+        async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+            record = await client.get_record(key)
+        assert record is not None and (record.version, record.value) == (1, b"chosen")
     finally:
         cluster.down(purge=True)
