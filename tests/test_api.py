@@ -119,11 +119,13 @@ def test_paths() -> None:
     chunk = codec.chunk_id(b"x")
     assert api.chunk_path(chunk) == f"/v1/chunks/{chunk}"
     assert api.chunk_path(chunk, hint="peer 2/x") == f"/v1/chunks/{chunk}?hint=peer%202%2Fx"
-    assert api.record_cas_path("a/b", 3, 2) == "/v1/records/a/b?expected_version=3&refs=2"
-    assert api.record_delete_path("k", 4) == "/v1/records/k?expected_version=4"
+    assert api.record_raw_path("a/b") == "/v1/records/a/b"
+    assert api.record_round_path("a/b", "00ff") == "/v1/records/a/b?view=00ff"
+    assert api.prepare_path("a/b", "3.ab", "00ff") == "/v1/paxos/prepare/a/b?ballot=3.ab&view=00ff"
+    assert api.accept_path("k", "0.", "00ff") == "/v1/paxos/accept/k?ballot=0.&view=00ff"
     assert (
-        api.record_repair_path("k", 5, 0, deleted=True)
-        == "/v1/records/k?version=5&refs=0&deleted=1"
+        api.accept_path("k", "3.ab", "00ff", "4.ab")
+        == "/v1/paxos/accept/k?ballot=3.ab&view=00ff&next=4.ab"
     )
     assert (
         api.records_list_path("a b", 10, include_deleted=True)

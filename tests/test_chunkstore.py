@@ -18,6 +18,7 @@ import pytest
 from ring import codec
 from ring.chunkstore import ChunkStore, write_file_atomic
 from ring.errors import ChunkCorrupt, ChunkError, StorageFull
+from ring.paxos import FAST, Value
 from ring.records import RecordStore
 from sr3.statedata import state_bytes
 
@@ -239,7 +240,7 @@ async def test_quarantined_count_survives_restart_and_counts_chunks_only(tmp_pat
     store = _open(tmp_path)
     records = RecordStore(tmp_path)
     records.open()
-    await records.put("manifest/a", b"value", expected_version=0)
+    await records.accept("manifest/a", FAST, Value(1, b"value", op="01"))
     chunk_id, stored = _chunk(50)
     await store.put(chunk_id, stored)
     (tmp_path / "chunks" / chunk_id[:2] / chunk_id).write_bytes(b"garbage")
