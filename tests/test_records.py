@@ -1,144 +1,174 @@
-"""Unit tests for ring.records on real files (no peer process).
+"""Unit tests for ring.records on real files (no peer process): the acceptor's slots.
 
-What must hold: compare-and-set stores ``expected + 1`` when the replica is not newer
-than expected and refuses a stale version with ``RecordConflict`` naming the current one;
-records survive a restart; a corrupt record file is quarantined, never returned; keys
-that could escape the data folder or are otherwise malformed are refused.
+What must hold: a slot applies the consensus rules (``ring.paxos``) and keeps what it
+promised and accepted across a restart (a forgotten promise could let two values be
+chosen); a new owner's merge takes the highest promise and the value accepted at the
+highest ballot; tombstones expire after their TTL; records written before consensus load
+as accepted at the lowest classic ballot; a corrupt record file is quarantined, never
+returned; keys that could escape the data folder or are otherwise malformed are refused.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
+import struct
 from pathlib import Path
 
 import pytest
+import xxhash
 
-from ring.errors import ProtocolError, RecordConflict
-from ring.records import KEY_CHARS_MAX, RECORD_BYTES_MAX, RecordStore, validate_key
+from ring.errors import ProtocolError
+from ring.paxos import FAST, NOTHING, Ballot, Preempted, Slot, Value
+from ring.records import (
+    KEY_CHARS_MAX,
+    LEGACY_BALLOT,
+    RECORD_BYTES_MAX,
+    RecordStore,
+    validate_key,
+)
 
 CHUNK_A = "ab" * 16
+B1, B2, B3 = Ballot(1, "aa"), Ballot(2, "bb"), Ballot(3, "aa")
 
 
-def _open(root: Path) -> RecordStore:
-    store = RecordStore(root)
+def _open(root: Path, **options: object) -> RecordStore:
+    store = RecordStore(root, **options)  # type: ignore[arg-type]
     store.open()
     return store
 
 
-async def test_compare_and_set_rules(tmp_path: Path) -> None:
+def _value(version: int, data: bytes = b"v", *, refs: tuple[str, ...] = ()) -> Value:
+    return Value(version, data, refs, False, f"{version:02x}")
+
+
+async def test_a_promise_and_an_acceptance_survive_a_restart(tmp_path: Path) -> None:
+    """Breaks: a peer promises B2 and accepts a value at it, then restarts. Must hold:
+    after the restart it still refuses B1 (prepare and accept) and holds the value at B2:
+    both were on disk before the calls returned."""
     store = _open(tmp_path)
-    assert store.version("m") == 0
-    assert (await store.put("m", b"one", expected_version=0)).version == 1
-    with pytest.raises(RecordConflict) as stale:
-        await store.put("m", b"stale", expected_version=0)
-    assert (stale.value.expected, stale.value.current) == (0, 1)
-    assert (await store.put("m", b"two", expected_version=1)).version == 2
-    record = await store.get("m")
-    assert record is not None
-    assert (record.version, record.value) == (2, b"two")
-    # A replica that missed writes catches up: expected newer than its own is accepted.
-    assert (await store.put("m", b"six", expected_version=5)).version == 6
-    with pytest.raises(RecordConflict):
-        await store.put("m", b"late", expected_version=5)
-    assert store.version("m") == 6
-    assert await store.get("absent") is None
-
-
-async def test_concurrent_writers_of_one_version_one_wins(tmp_path: Path) -> None:
-    store = _open(tmp_path)
-    results = await asyncio.gather(
-        *(store.put("race", f"w{i}".encode(), expected_version=0) for i in range(8)),
-        return_exceptions=True,
-    )
-    winners = [r for r in results if not isinstance(r, BaseException)]
-    assert len(winners) == 1
-    assert all(isinstance(r, RecordConflict) for r in results if r not in winners)
-    record = await store.get("race")
-    assert record is not None and record.value == winners[0].value
-
-
-async def test_delete_is_compare_and_set_and_leaves_a_tombstone(tmp_path: Path) -> None:
-    store = _open(tmp_path)
-    await store.put("d", b"x", expected_version=0, refs=(CHUNK_A,))
-    assert store.referenced() == {CHUNK_A}
-    with pytest.raises(RecordConflict):
-        await store.delete("d", expected_version=0)
-    tombstone = await store.delete("d", expected_version=1)
-    assert tombstone.version == 2 and tombstone.deleted
-    stored = await store.get("d")
-    assert stored is not None and stored.deleted and stored.value == b"" and not stored.refs
-    assert store.list("", 10) == [] and store.count() == 0 and store.keys() == ["d"]
-    assert store.referenced() == set(), "a deleted record still pins its chunks"
-    with pytest.raises(RecordConflict):
-        await store.delete("d", expected_version=1)
-    # A replica that never held the key stores the tombstone too.
-    assert (await store.delete("never", expected_version=0)).version == 1
-    # Written again over the tombstone: live, with the next version.
-    assert (await store.put("d", b"again", expected_version=2)).version == 3
-    assert store.list("", 10) == [("d", 3)]
-
-
-async def test_tombstone_beats_an_older_repair_copy_and_survives_restart(tmp_path: Path) -> None:
-    """Breaks: the replica restarts after the delete, then repair offers the old value.
-    Holds: the tombstone is still there and the older copy is refused (no resurrection)."""
-    store = _open(tmp_path)
-    await store.put("m", b"old", expected_version=0)
-    await store.delete("m", expected_version=1)
+    assert await store.slot("m") == NOTHING
+    promised = await store.prepare("m", B2)
+    assert isinstance(promised, Slot) and promised.promised == B2
+    assert isinstance(await store.accept("m", B2, _value(1, b"one"), B3), Slot)
     reopened = _open(tmp_path)
-    assert reopened.is_deleted("m") and reopened.version("m") == 2
-    assert not await reopened.put_repair("m", b"old", 1)
-    assert not await reopened.put_repair("m", b"old", 2)
-    assert reopened.list("", 10) == []
-    # A newer repair tombstone is taken; a tombstone with a value is malformed.
-    assert await reopened.put_repair("m", b"", 3, deleted=True)
-    with pytest.raises(ProtocolError):
-        await reopened.put_repair("m", b"x", 4, deleted=True)
+    slot = await reopened.slot("m")
+    assert (slot.promised, slot.accepted, slot.value.data) == (B3, B2, b"one")
+    assert await reopened.prepare("m", B1) == Preempted(B3)
+    assert await reopened.accept("m", B1, _value(1, b"stale")) == Preempted(B3)
+    assert reopened.version("m") == 1 and reopened.accepted("m") == (B2, "01")
+
+
+async def test_fast_accept_only_on_a_pristine_slot(tmp_path: Path) -> None:
+    """Breaks: a fast create on a key that holds a bare promise, and on one that holds a
+    value. Must hold: both are refused; on a pristine key it is stored."""
+    store = _open(tmp_path)
+    assert isinstance(await store.accept("new", FAST, _value(1)), Slot)
+    assert isinstance(await store.prepare("promised", B1), Slot)
+    assert isinstance(await store.accept("promised", FAST, _value(1)), Preempted)
+    assert isinstance(await store.accept("new", FAST, _value(1, b"other")), Preempted)
+    assert (await store.slot("new")).value == _value(1)
+
+
+async def test_merge_takes_the_highest_promise_and_the_highest_accepted_value(
+    tmp_path: Path,
+) -> None:
+    """Breaks: a new owner merges three acceptors' slots: one promised B3 over an older
+    value, one accepted a newer value at B2, one holds nothing. Must hold: its slot holds
+    promise B3 and the value accepted at B2 (what a round would have found there)."""
+    store = _open(tmp_path)
+    older = Slot(B3, B1, _value(1, b"old"))
+    newer = Slot(B2, B2, _value(2, b"new"))
+    merged = await store.merge("k", [older, newer, NOTHING])
+    assert (merged.promised, merged.accepted, merged.value.data) == (B3, B2, b"new")
+    assert await _open(tmp_path).slot("k") == merged
+
+
+async def test_merge_never_lowers_what_a_slot_holds(tmp_path: Path) -> None:
+    """Breaks: an acceptor that accepted at B3 merges a slot accepted at B1. Must hold:
+    it keeps the value at B3."""
+    store = _open(tmp_path)
+    assert isinstance(await store.prepare("k", B3), Slot)
+    assert isinstance(await store.accept("k", B3, _value(3, b"mine")), Slot)
+    merged = await store.merge("k", [Slot(B1, B1, _value(1, b"older"))])
+    assert (merged.accepted, merged.value.data) == (B3, b"mine")
+
+
+async def test_a_tombstone_is_listed_only_when_asked_and_counts_as_absent(
+    tmp_path: Path,
+) -> None:
+    """Breaks: a key is written then deleted (a tombstone accepted at a higher ballot).
+    Must hold: ``count`` and a plain listing leave it out, a listing with tombstones
+    shows its version, and it references no chunk any more."""
+    store = _open(tmp_path)
+    await store.accept("gone", B1, _value(1, b"v", refs=(CHUNK_A,)))
+    await store.accept("kept", B1, _value(1))
+    assert store.referenced() == {CHUNK_A}
+    await store.accept("gone", B2, Value(2, deleted=True, op="02"))
+    assert store.count() == 1 and store.is_deleted("gone")
+    assert store.list("", 10) == [("kept", 1)]
+    assert store.list("", 10, include_deleted=True) == [("gone", 2), ("kept", 1)]
+    assert store.referenced() == set()
+    assert store.keys() == ["gone", "kept"]
 
 
 async def test_tombstones_are_purged_after_their_ttl(tmp_path: Path) -> None:
+    """Breaks: a tombstone is stored, then the wall clock passes its TTL. Must hold: it
+    is kept before the TTL and purged after (slot and file), live records stay."""
     now = [1_000.0]
-    store = RecordStore(tmp_path, tombstone_ttl_s=60.0, wall_clock=lambda: now[0])
-    store.open()
-    await store.put("a", b"x", expected_version=0)
-    await store.delete("a", expected_version=1)
-    await store.put("b", b"y", expected_version=0)
+    store = _open(tmp_path, tombstone_ttl_s=60.0, wall_clock=lambda: now[0])
+    await store.accept("gone", B1, Value(1, deleted=True, op="01"))
+    await store.accept("kept", B1, _value(1))
     now[0] += 59.0
-    assert await store.purge_tombstones() == 0 and store.version("a") == 2
-    now[0] += 1.0
+    assert await store.purge_tombstones() == 0
+    now[0] += 2.0
     assert await store.purge_tombstones() == 1
-    assert store.version("a") == 0 and store.keys() == ["b"]
-    assert len(list((tmp_path / "records").glob("*.rec"))) == 1
+    assert not store.holds("gone") and store.holds("kept")
+    assert _open(tmp_path).keys() == ["kept"]
 
 
 async def test_value_above_limit_is_refused(tmp_path: Path) -> None:
     store = _open(tmp_path)
     with pytest.raises(ProtocolError):
-        await store.put("big", bytes(RECORD_BYTES_MAX + 1), expected_version=0)
-    assert store.count() == 0
-    assert (await store.put("big", bytes(RECORD_BYTES_MAX), expected_version=0)).version == 1
+        await store.accept("big", B1, _value(1, b"x" * (RECORD_BYTES_MAX + 1)))
+    assert not store.holds("big")
 
 
-async def test_records_survive_restart(tmp_path: Path) -> None:
+def _legacy_file(key: str, version: int, value: bytes, refs: bytes, *, deleted: bool) -> bytes:
+    meta = {
+        "key": key,
+        "version": version,
+        "value_bytes": len(value),
+        "value_xxh3": xxhash.xxh3_64_hexdigest(value),
+        "refs": len(refs) // 16,
+        "refs_xxh3": xxhash.xxh3_64_hexdigest(refs),
+        **({"deleted": 1_000.0} if deleted else {}),
+    }
+    encoded = json.dumps(meta).encode()
+    return b"SR3R" + struct.pack("<I", len(encoded)) + encoded + refs + value
+
+
+@pytest.mark.parametrize("deleted", [False, True])
+async def test_records_from_before_consensus_load_at_the_lowest_classic_ballot(
+    tmp_path: Path, deleted: bool
+) -> None:
+    """Breaks: a record file in the format written before consensus (SR3R). Must hold:
+    it loads as a value accepted at LEGACY_BALLOT with its version, value, refs and
+    tombstone flag; any later round's ballot is above it."""
     store = _open(tmp_path)
-    for index in range(5):
-        await store.put(f"manifest/q/{index}", f"v{index}".encode(), expected_version=0)
-    await store.put("manifest/q/0", b"v0b", expected_version=1)
+    value, refs = (b"", b"") if deleted else (b"manifest", bytes.fromhex(CHUNK_A))
+    store._path("old").write_bytes(_legacy_file("old", 4, value, refs, deleted=deleted))
     reopened = _open(tmp_path)
-    assert reopened.count() == 5
-    assert reopened.list("manifest/q/", 3) == [
-        ("manifest/q/0", 2),
-        ("manifest/q/1", 1),
-        ("manifest/q/2", 1),
-    ]
-    record = await reopened.get("manifest/q/0")
-    assert record is not None and (record.version, record.value) == (2, b"v0b")
-    with pytest.raises(RecordConflict):
-        await reopened.put("manifest/q/0", b"stale", expected_version=1)
+    slot = await reopened.slot("old")
+    assert slot.accepted == LEGACY_BALLOT and slot.value.version == 4
+    assert slot.value.deleted is deleted and slot.value.data == value
+    assert slot.value.refs == (() if deleted else (CHUNK_A,))
+    assert reopened.is_deleted("old") is deleted
+    assert isinstance(await reopened.prepare("old", Ballot(1, "01")), Slot)
 
 
 @pytest.mark.parametrize(
     "damage",
-    [b"", b"SR3", b"XXXX\x00\x00\x00\x00{}", b"SR3R\xff\xff\x00\x00{", "flip value"],
+    [b"", b"SR3", b"XXXX\x00\x00\x00\x00{}", b"SR3P\xff\xff\x00\x00{", "flip value"],
     ids=["empty", "short", "bad magic", "bad metadata", "value flipped"],
 )
 async def test_corrupt_record_file_is_quarantined_on_open(
@@ -148,8 +178,8 @@ async def test_corrupt_record_file_is_quarantined_on_open(
     does not know the key any more (a read falls back to other replicas), and keeps
     every other record."""
     store = _open(tmp_path)
-    await store.put("victim", b"precious value", expected_version=0)
-    await store.put("bystander", b"fine", expected_version=0)
+    await store.accept("victim", B1, _value(1, b"precious value"))
+    await store.accept("bystander", B1, _value(1, b"fine"))
     path = store._path("victim")
     if damage == "flip value":
         data = bytearray(path.read_bytes())
@@ -162,16 +192,15 @@ async def test_corrupt_record_file_is_quarantined_on_open(
     assert not path.exists()
     assert len(list((tmp_path / "quarantine").iterdir())) == 1
     assert reopened.version("victim") == 0
-    assert await reopened.get("victim") is None
-    bystander = await reopened.get("bystander")
-    assert bystander is not None and bystander.value == b"fine"
+    assert await reopened.slot("victim") == NOTHING
+    assert (await reopened.slot("bystander")).value.data == b"fine"
 
 
 async def test_record_corrupted_while_open_is_quarantined_on_read(tmp_path: Path) -> None:
     store = _open(tmp_path)
-    await store.put("k", b"value", expected_version=0)
-    store._path("k").write_bytes(b"SR3R garbage")
-    assert await store.get("k") is None
+    await store.accept("k", B1, _value(1))
+    store._path("k").write_bytes(b"SR3P garbage")
+    assert await store.slot("k") == NOTHING
     assert store.version("k") == 0
     assert len(list((tmp_path / "quarantine").iterdir())) == 1
 
