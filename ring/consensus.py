@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 # up again on its next round (correct, only slower).
 SYNCED_KEYS_MAX = 65_536
 SYNC_ATTEMPT_S = 2.0
+# Rings a peer remembers from the window (a flapping membership beyond this counts as
+# unknown).
+RINGS_REMEMBERED_MAX = 16
 
 
 class ViewMismatch(SR3Error):
@@ -106,6 +109,10 @@ class Acceptor:
         if self._ring is None or placement != self._placement:
             if self._ring is not None:
                 self._history.append((self._clock(), self._ring))
+                if len(self._history) > RINGS_REMEMBERED_MAX:
+                    # Too many changes to keep each ring: forget them as unknown, so
+                    # every key is caught up on (slower, never wrong).
+                    self._history = [(self._clock(), None)]
                 self._synced.clear()
             self._placement = placement
             settings = self._settings
