@@ -172,9 +172,7 @@ async def client_loop(client: Client, number: int, rng: random.Random, work: Wor
         await asyncio.sleep(rng.uniform(*CLIENT_PAUSE_S))
 
 
-async def run_clients(
-    clients: Sequence[Client], rng: random.Random, work: Workload
-) -> None:
+async def run_clients(clients: Sequence[Client], rng: random.Random, work: Workload) -> None:
     async with asyncio.TaskGroup() as group:
         for number, client in enumerate(clients):
             client_rng = random.Random(rng.randrange(2**32))
@@ -440,9 +438,7 @@ async def test_eight_writers_creating_one_key_elect_exactly_one(
             for answer in answers:
                 outcomes[type(answer).__name__ if isinstance(answer, BaseException) else "won"] += 1
             losers = [a for a in answers if a != 1]
-            wrong = [
-                a for a in losers if not (isinstance(a, RecordConflict) and a.current == 1)
-            ]
+            wrong = [a for a in losers if not (isinstance(a, RecordConflict) and a.current == 1)]
             if len(winners) != 1 or wrong:
                 problems.append(f"round {round_number}: {answers!r}")
                 continue
