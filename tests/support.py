@@ -32,8 +32,10 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from ring import api
 from ring.auth import Signer
 from ring.errors import SR3Error
+from ring.placement import Member, Ring
 from sr3.local import LocalCluster
 
 __all__ = [
@@ -215,6 +217,20 @@ class HttpProbe:
         answer = await self.signed(address, "GET", "/metrics")
         assert answer.status == 200, answer
         return answer.body.decode()
+
+
+async def acceptors_of(probe: HttpProbe, address: str, key: str) -> tuple[str, ...]:
+    """A record key's acceptors as the peer at ``address`` computes them (its own
+    member table, its R): what a round sent there must name as its ``view``."""
+    answer = await probe.signed(address, "GET", api.RING.pattern)
+    assert answer.status == 200, answer
+    description = api.RingDescription.from_json(answer.json())
+    ring = Ring.build(
+        (Member(m.peer_id, m.address, m.zone) for m in description.members),
+        vnodes=description.vnodes,
+        zone_aware=description.zone_aware,
+    )
+    return tuple(m.peer_id for m in ring.preference_list(key, description.replication))
 
 
 def peer_address(cluster: LocalCluster, peer_id: str) -> str:

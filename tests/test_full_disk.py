@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support import Answer, HttpProbe, next_base_port
+from support import Answer, HttpProbe, acceptors_of, next_base_port
 
 from ring import api, codec, paxos
 from ring.client import Client
@@ -41,7 +41,6 @@ from ring.errors import StorageFull
 from ring.files import PendingWrite, move_or_remove, write_file_atomic
 from ring.node import SAVE_RETRY_INTERVAL_S, _next_epoch
 from ring.paxos import FAST, Ballot, Slot, Value
-from ring.placement import Member, Ring
 from sr3.local import LocalCluster
 
 DISK_BYTES = 16 * 1024 * 1024
@@ -139,23 +138,10 @@ async def put_chunk(probe: HttpProbe, address: str, raw: bytes) -> tuple[str, An
     return chunk_id, await probe.signed(address, "PUT", f"/v1/chunks/{chunk_id}", body=stored)
 
 
-async def preferred(probe: HttpProbe, address: str, key: str) -> tuple[str, ...]:
-    """The key's acceptors as the peer at ``address`` computes them (its own table)."""
-    answer = await probe.signed(address, "GET", api.RING.pattern)
-    assert answer.status == 200, answer
-    description = api.RingDescription.from_json(answer.json())
-    ring = Ring.build(
-        (Member(m.peer_id, m.address, m.zone) for m in description.members),
-        vnodes=description.vnodes,
-        zone_aware=description.zone_aware,
-    )
-    return tuple(m.peer_id for m in ring.preference_list(key, description.replication))
-
-
 async def owned_key(probe: HttpProbe, address: str, keys: list[str]) -> tuple[str, str]:
     """The first of ``keys`` that peer-1 answers for, and its view digest."""
     for key in keys:
-        acceptors = await preferred(probe, address, key)
+        acceptors = await acceptors_of(probe, address, key)
         if "peer-1" in acceptors:
             return key, paxos.view_digest(acceptors)
     raise AssertionError(f"peer-1 is an acceptor of none of {keys}")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import Answer, HttpProbe, metric_value, peer_address
+from support import Answer, HttpProbe, acceptors_of, metric_value, peer_address
 
 from ring import api, codec, paxos
 from ring.api import EXISTS_IDS_MAX, REQUEST_BYTES_MAX
@@ -32,7 +32,6 @@ from ring.client import Client
 from ring.client.proposer import Acceptors
 from ring.errors import AuthError
 from ring.paxos import FAST, Ballot, Slot, Value
-from ring.placement import Member, Ring
 from sr3.local import LocalCluster
 
 WRONG_SECRET = "not-the-cluster-secret-0123456789"
@@ -78,19 +77,6 @@ async def _chunk_absent(probe: HttpProbe, address: str, chunk_id: str) -> bool:
     return answer.status == 404
 
 
-async def _preferred(probe: HttpProbe, address: str, key: str) -> tuple[str, ...]:
-    """The key's acceptors as the peer at ``address`` computes them (its own table)."""
-    answer = await probe.signed(address, "GET", api.RING.pattern)
-    assert answer.status == 200, answer
-    description = api.RingDescription.from_json(answer.json())
-    ring = Ring.build(
-        (Member(m.peer_id, m.address, m.zone) for m in description.members),
-        vnodes=description.vnodes,
-        zone_aware=description.zone_aware,
-    )
-    return tuple(m.peer_id for m in ring.preference_list(key, description.replication))
-
-
 def _peer_id(cluster: LocalCluster, address: str) -> str:
     return next(peer.peer_id for peer in cluster.cluster.peers if peer.address == address)
 
@@ -103,7 +89,7 @@ async def _key_on(
     base = rng.randrange(10**9)
     for index in range(200):
         key = f"{stem}/{base}-{index}"
-        preferred = await _preferred(probe, address, key)
+        preferred = await acceptors_of(probe, address, key)
         if peer_id in preferred:
             return key, paxos.view_digest(preferred)
     raise AssertionError(f"no key of {stem} on {peer_id}")
@@ -425,7 +411,7 @@ async def test_bad_record_key_is_4xx(peer_stays_up: LocalCluster, target: str, k
     4xx with a JSON error, and no record or slot file is created."""
     records = Path(peer_stays_up.peer(_peer_id(peer_stays_up, target)).data_dir) / "records"
     async with HttpProbe(peer_stays_up.secret) as probe:
-        view = paxos.view_digest(await _preferred(probe, target, key))
+        view = paxos.view_digest(await acceptors_of(probe, target, key))
         before = (await probe.info(target))["record_count"]
         files = sorted(records.iterdir())
         body = _proposal(FAST, Value(1, b"v", op="01"))
@@ -628,7 +614,7 @@ async def test_a_round_with_another_view_is_409_view_and_stores_nothing(
     slot written on either peer."""
     async with HttpProbe(peer_stays_up.secret) as probe:
         key, view = await _key_on(probe, peer_stays_up, target, "view", rng)
-        preferred = await _preferred(probe, target, key)
+        preferred = await acceptors_of(probe, target, key)
         body = _proposal(BALLOT, Value(1, b"v", op="01"))
         wrong = [
             paxos.view_digest(preferred[::-1]),
@@ -833,7 +819,7 @@ async def test_request_signed_for_one_peer_is_refused_by_another(
     async with HttpProbe(peer_stays_up.secret) as probe:
         key, view = await _key_on(probe, peer_stays_up, first, "cross-peer", rng)
         others = [
-            p for p in await _preferred(probe, first, key) if p != _peer_id(peer_stays_up, first)
+            p for p in await acceptors_of(probe, first, key) if p != _peer_id(peer_stays_up, first)
         ]
         second = peer_stays_up.peer(rng.choice(others)).address
         path = api.accept_path(key, BALLOT.wire(), view)
@@ -1000,7 +986,7 @@ async def test_record_versions_are_bounded_and_a_key_stays_writable(
 
         high = Ballot(paxos.COUNTER_MAX - below_max, "ab")
         old = _proposal(high, Value(VERSION_MAX - 1, b"old", op="0a"))
-        for peer_id in await _preferred(probe, target, key):
+        for peer_id in await acceptors_of(probe, target, key):
             address = peer_stays_up.peer(peer_id).address
             answer = await probe.signed(
                 address, "POST", api.accept_path(key, high.wire(), view), body=old
