@@ -36,11 +36,12 @@ from support import (
 )
 
 from recovery.executor import recover
-from ring import codec
+from ring import api, codec, paxos
 from ring.chunkstore import ChunkStore
 from ring.client import Client
 from ring.gc import ChunkCollector, GcSettings
 from ring.membership import Entry, MemberTable, Timeouts
+from ring.paxos import FAST, Ballot, Value
 from ring.records import RecordStore
 from ring.sync_client import SyncClient
 from ring.transport import Transport
@@ -94,7 +95,7 @@ async def test_collector_waits_for_the_grace_and_spares_what_is_referenced_or_re
     for chunk_id, data in stored:
         await chunks.put(chunk_id, data)
     pinned, orphan, restored = (chunk_id for chunk_id, _ in stored)
-    await records.put("m", b"manifest", expected_version=0, refs=(pinned,))
+    await records.accept("m", FAST, Value(1, b"manifest", (pinned,), False, "01"))
 
     first = await collector.round()
     assert first.chunks_unreferenced == 2 and first.chunks_collected == 0
@@ -107,7 +108,7 @@ async def test_collector_waits_for_the_grace_and_spares_what_is_referenced_or_re
     assert third.chunks_collected == 1 and not chunks.has(orphan)
     assert chunks.has(pinned) and chunks.has(restored)
     # The record is deleted: its chunk is unreferenced from now on, collected after grace.
-    await records.delete("m", expected_version=1)
+    await records.accept("m", Ballot(1, "ab"), Value(2, b"", (), True, "02"))
     offset[0] = 200.0
     assert (await collector.round()).chunks_collected == 0
     offset[0] = 400.0
@@ -138,11 +139,13 @@ async def test_delete_survives_a_replica_that_missed_it(
             deadline = time.monotonic() + WAIT_S_MAX
             while True:
                 answer = await probe.signed(
-                    address, "GET", "/v1/records/spark/q/batches/000000000001"
+                    address, "GET", api.record_raw_path("spark/q/batches/000000000001")
                 )
-                if answer.status == 404 and answer.json()["error"] == "deleted":
+                assert answer.status == 200, answer
+                slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
+                if slot.value.deleted and slot.value.version == 2:
                     break
-                assert time.monotonic() < deadline, f"{missed} still serves {answer}"
+                assert time.monotonic() < deadline, f"{missed} still holds {slot}"
                 await asyncio.sleep(POLL_S)
         await asyncio.sleep(1.0)  # a few more rounds, in which the stale copy could spread
         assert await client.get_record("spark/q/batches/000000000001") is None
