@@ -132,8 +132,12 @@ class SyncClient:
 
     # -- records ------------------------------------------------------------------------
 
-    def get_record(self, key: str, *, include_deleted: bool = False) -> RecordValue | None:
-        return self._call(self._client.get_record(key, include_deleted=include_deleted))
+    def get_record(
+        self, key: str, *, include_deleted: bool = False, allow_stale: bool = False
+    ) -> RecordValue | None:
+        return self._call(
+            self._client.get_record(key, include_deleted=include_deleted, allow_stale=allow_stale)
+        )
 
     def delete_record(self, key: str, *, expected_version: int) -> int:
         return self._call(self._client.delete_record(key, expected_version=expected_version))

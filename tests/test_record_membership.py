@@ -15,10 +15,12 @@ import random
 import signal
 from pathlib import Path
 
+import pytest
 from support import HttpProbe, start_cluster
 
 from ring import api, paxos
 from ring.client import Client, ClientOptions
+from ring.errors import DataUnavailable
 from ring.paxos import Slot
 from ring.placement import Member, Ring
 from sr3.local import LocalCluster
@@ -147,5 +149,31 @@ async def test_repair_brings_a_lagging_acceptor_the_chosen_slot(
         async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
             record = await client.get_record(key)
         assert record is not None and (record.version, record.value) == (1, b"chosen")
+    finally:
+        cluster.down(purge=True)
+
+
+async def test_with_two_of_three_acceptors_dead_a_read_may_ask_for_what_is_left(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """Breaks: a record is written on all three acceptors, then two of them die (more
+    than R - W). Must hold: a plain read refuses (DataUnavailable: no quorum can say the
+    value is the last one), and a read with ``allow_stale`` answers from the survivor,
+    flagged ``settled=False`` (a restore reads manifests, written once, this way)."""
+    cluster = start_cluster(tmp_path, 5, peer_flags=PEER_FLAGS)
+    try:
+        key = f"stale/{rng.randrange(10**12)}"
+        ring = Ring.build(_members(cluster, 5), vnodes=cluster.cluster.vnodes)
+        acceptors = [m.peer_id for m in ring.preference_list(key, 3)]
+        async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+            assert await client.put_record(key, b"written once", expected_version=0) == 1
+        for victim in rng.sample(acceptors, 2):
+            cluster.kill(victim)
+        async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+            with pytest.raises(DataUnavailable):
+                await client.get_record(key)
+            record = await client.get_record(key, allow_stale=True)
+        assert record is not None and (record.version, record.value) == (1, b"written once")
+        assert record.settled is False
     finally:
         cluster.down(purge=True)

@@ -265,8 +265,12 @@ class Client:
 
     # -- records ------------------------------------------------------------------------
 
-    async def get_record(self, key: str, *, include_deleted: bool = False) -> RecordValue | None:
-        return await self.records.get_record(key, include_deleted=include_deleted)
+    async def get_record(
+        self, key: str, *, include_deleted: bool = False, allow_stale: bool = False
+    ) -> RecordValue | None:
+        return await self.records.get_record(
+            key, include_deleted=include_deleted, allow_stale=allow_stale
+        )
 
     async def put_record(
         self, key: str, value: bytes, *, expected_version: int, refs: Sequence[str] = ()

@@ -79,10 +79,13 @@ class RecordValue:
     key: str
     version: int
     value: bytes
-    # True when replicas hold different values at the newest version (concurrent writers).
+    # Kept for callers of the per-replica records; consensus reads never see a conflict.
     conflict: bool = False
     # True when the newest version is a delete (a tombstone: no value).
     deleted: bool = False
+    # False when read with ``allow_stale`` from fewer of the key's acceptors than a
+    # quorum: the value accepted at the highest ballot among them, possibly not the last.
+    settled: bool = True
 
 
 def file_source(path: Path) -> Source:

@@ -48,9 +48,11 @@ class RecordIO:
 
     # -- reads --------------------------------------------------------------------------
 
-    async def read_value(self, key: str) -> Value:
+    async def read_value(self, key: str, *, allow_stale: bool = False) -> tuple[Value, bool]:
         """The register's state, chosen: from the slots when they show it, else by a round
-        that proposes what it finds."""
+        that proposes what it finds; and whether it is (False: ``allow_stale`` and too few
+        acceptors answered for a round, so the value at the highest accepted ballot among
+        those that did)."""
         causes: list[str] = []
         for attempt in range(READ_REFRESHES_MAX + 1):
             acceptors = await self.proposer.acceptors(key, attempt)
@@ -58,7 +60,7 @@ class RecordIO:
             causes += failed
             chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
             if chosen is not None:
-                return chosen
+                return chosen, True
             if not any("409 view" in cause for cause in failed):
                 break
         if not slots:
@@ -67,18 +69,27 @@ class RecordIO:
         try:
             value, _ok = await self.proposer.run(key, lambda current: (current, True))
         except QuorumError as exc:
-            raise DataUnavailable([key], [*causes, str(exc)]) from exc
-        return value
+            if not allow_stale:
+                raise DataUnavailable([key], [*causes, str(exc)]) from exc
+            accepted = [slot for slot in slots if slot.accepted is not None]
+            best = max(accepted, key=lambda slot: slot.accepted or paxos.FAST, default=None)
+            return (paxos.EMPTY if best is None else best.value), False
+        return value, True
 
-    async def get_record(self, key: str, *, include_deleted: bool = False) -> RecordValue | None:
+    async def get_record(
+        self, key: str, *, include_deleted: bool = False, allow_stale: bool = False
+    ) -> RecordValue | None:
         """The record's value, or None if it is absent (or deleted).
 
         A deleted record reads as None, unless ``include_deleted``: then its tombstone
-        (``deleted=True``) comes back, whose version a compare-and-set write expects."""
-        value = await self.read_value(key)
+        (``deleted=True``) comes back, whose version a compare-and-set write expects.
+        ``allow_stale``: when more than R - W of the key's acceptors are down, answer from
+        those that are (``settled=False``: possibly not the last value) instead of
+        raising ``DataUnavailable``; recovery reads of values written once use it."""
+        value, settled = await self.read_value(key, allow_stale=allow_stale)
         if value.version == 0 or (value.deleted and not include_deleted):
             return None
-        return RecordValue(key, value.version, value.data, deleted=value.deleted)
+        return RecordValue(key, value.version, value.data, deleted=value.deleted, settled=settled)
 
     # -- changes ------------------------------------------------------------------------
 
