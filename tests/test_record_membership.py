@@ -11,18 +11,22 @@ the register's state.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import HttpProbe, start_cluster
 
 from ring import api, paxos
 from ring.client import Client, ClientOptions
-from ring.errors import DataUnavailable
+from ring.client.records import RecordIO
+from ring.errors import DataUnavailable, PeerUnavailable, RecordUnknown
 from ring.paxos import Slot
 from ring.placement import Member, Ring
+from ring.transport import Response, Transport
 from sr3.local import LocalCluster
 
 # Repair off (an hour apart) so that only catching up can bring the value to the joiner;
@@ -175,5 +179,90 @@ async def test_with_two_of_three_acceptors_dead_a_read_may_ask_for_what_is_left(
             record = await client.get_record(key, allow_stale=True)
         assert record is not None and (record.version, record.value) == (1, b"written once")
         assert record.settled is False
+    finally:
+        cluster.down(purge=True)
+
+
+class _AcceptCutShort(Transport):
+    """The real transport, except for the one write it is armed for: its accept reaches
+    the acceptor ``late`` only when the writer moves on to its next round (as a slow
+    network would deliver it), and ``refusing`` answers it 409 ``view`` (as a peer whose
+    member table names other acceptors does). Before that next round goes out,
+    ``between`` runs: the test's other writer."""
+
+    def __init__(self, secret: str, late: str, refusing: str) -> None:
+        super().__init__(secret)
+        self.late, self.refusing = late, refusing
+        self.armed = False
+        self.accepted: set[str] = set()
+        self.held_back: tuple[str, bytes] | None = None
+        self.between: Any = None
+        self._next_round = asyncio.Lock()
+
+    async def request(
+        self, address: str, method: str, path_qs: str, **options: Any
+    ) -> Response:
+        accept = path_qs.startswith("/v1/paxos/accept/")
+        if self.armed and accept and address == self.late:
+            self.held_back = (path_qs, options["body"])
+            raise PeerUnavailable(address, "accept held back by the test")
+        if self.armed and accept and address == self.refusing:
+            await asyncio.sleep(0.3)  # the refusal comes last, after the other two answers
+            refusal = api.error_body("view", "this peer's member table names other acceptors")
+            return Response(409, {}, json.dumps(refusal).encode())
+        if self.armed and not accept:
+            async with self._next_round:  # the round's other requests wait for this
+                if self.held_back is not None:
+                    for _ in range(100):  # the accept that got through landed (<= 5 s)
+                        if self.accepted:
+                            break
+                        await asyncio.sleep(0.05)
+                    path, body = self.held_back
+                    self.held_back = None
+                    await super().request(self.late, "POST", path, body=body)
+                    await self.between()
+                self.armed = False
+        answer = await super().request(address, method, path_qs, **options)
+        if self.armed and accept and answer.status == 200:
+            self.accepted.add(address)
+        return answer
+
+
+async def test_a_write_accepted_while_another_acceptor_names_other_peers_is_not_a_conflict(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """Breaks: a write's accept reaches one acceptor, is late to the second and refused
+    by the third with 409 ``view`` (its member table names other acceptors, as during a
+    join); the late accept then lands, so the write is chosen, and another writer
+    changes the record after it before the first writer's next round.
+    Must hold: the first writer does not report ``RecordConflict`` (its write took
+    effect): it cannot tell, so ``RecordUnknown``."""
+    cluster = start_cluster(tmp_path, 3, peer_flags=PEER_FLAGS)
+    try:
+        key = f"view/{rng.randrange(10**12)}"
+        _first, late, refusing = (m.address for m in _members(cluster, 3))
+        transport = _AcceptCutShort(cluster.secret, late, refusing)
+        async with (
+            Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as writer,
+            Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as other,
+        ):
+            records = RecordIO(transport, writer.view)
+            assert await records.put_record(key, b"one", expected_version=0) == 1
+            seen: list[object] = []
+
+            async def other_writes() -> None:
+                record = await other.get_record(key)
+                seen.append(None if record is None else (record.version, record.value))
+                seen.append(await other.put_record(key, b"three", expected_version=2))
+
+            transport.between = other_writes
+            transport.armed = True
+            try:
+                with pytest.raises(RecordUnknown):
+                    await records.put_record(key, b"two", expected_version=1)
+            finally:
+                await transport.close()
+            # The premise: the write cut short was chosen, then overwritten.
+            assert seen == [(2, b"two"), 3]
     finally:
         cluster.down(purge=True)

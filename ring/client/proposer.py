@@ -106,6 +106,14 @@ class _Refresh(SR3Error):
     """An acceptor computes other acceptors for the key: refresh the member table."""
 
 
+@dataclass(frozen=True, slots=True)
+class _ViewRefused:
+    """An accept refused because the acceptor computes other acceptors for the key: an
+    answer like the others, so that the acceptors that did accept are counted."""
+
+    reason: str
+
+
 class Proposer:
     def __init__(self, transport: Transport, view: RingTracker) -> None:
         self._transport = transport
@@ -341,7 +349,7 @@ class Proposer:
         body: bytes,
         view: str,
         following: str | None,
-    ) -> bool | Preempted:
+    ) -> bool | Preempted | _ViewRefused:
         answer = await self._transport.request(
             member.address,
             api.PAXOS_ACCEPT.method,
@@ -350,7 +358,10 @@ class Proposer:
             ok=(200, 409),
         )
         if answer.status == 409:
-            return _refusal(answer.body)
+            try:
+                return _refusal(answer.body)
+            except _Refresh as exc:
+                return _ViewRefused(str(exc))
         return True
 
     async def _accept(
@@ -379,7 +390,9 @@ class Proposer:
         next_wire = None if following is None else following.wire()
         body = paxos.encode_slot(Slot(ballot, ballot, value))
 
-        def settled(answers: Sequence[tuple[Member, bool | Preempted]], running: int) -> bool:
+        def settled(
+            answers: Sequence[tuple[Member, bool | Preempted | _ViewRefused]], running: int
+        ) -> bool:
             acks = sum(1 for _m, answer in answers if answer is True)
             return (acks >= needed and (acks >= holding or running == 0)) or (
                 acks + running < needed
@@ -418,6 +431,11 @@ class Proposer:
             return False
         if all_needed:
             return False
+        views = [answer for _m, answer in result.answers if isinstance(answer, _ViewRefused)]
+        if views:
+            # Raised only now: the exposure above must be noted first (a write that some
+            # acceptors took may be chosen by the rounds that follow the refresh).
+            raise _Refresh(views[0].reason)
         if causes is not None:
             causes.extend(result.causes)
         raise QuorumError(f"record {key!r}", acks, needed, result.causes)
