@@ -199,9 +199,7 @@ class _AcceptCutShort(Transport):
         self.between: Any = None
         self._next_round = asyncio.Lock()
 
-    async def request(
-        self, address: str, method: str, path_qs: str, **options: Any
-    ) -> Response:
+    async def request(self, address: str, method: str, path_qs: str, **options: Any) -> Response:
         accept = path_qs.startswith("/v1/paxos/accept/")
         if self.armed and accept and address == self.late:
             self.held_back = (path_qs, options["body"])
