@@ -183,6 +183,30 @@ async def test_with_two_of_three_acceptors_dead_a_read_may_ask_for_what_is_left(
         cluster.down(purge=True)
 
 
+async def test_with_two_of_three_acceptors_of_its_name_dead_a_file_still_reads_back(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """Breaks: the two of three acceptors of a named file's record die (R - 1 losses;
+    each of its chunks keeps a replica). Must hold: the file reads back byte-identical
+    (invariant 2), its info flagged ``settled=False``."""
+    cluster = start_cluster(tmp_path, 5, peer_flags=PEER_FLAGS)
+    try:
+        key = f"named-{rng.randrange(10**12)}"
+        ring = Ring.build(_members(cluster, 5), vnodes=cluster.cluster.vnodes)
+        acceptors = [m.peer_id for m in ring.preference_list(f"blob/{key}", 3)]
+        data = rng.randbytes(300_000)
+        async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+            await client.put_bytes(data, key)
+        for victim in rng.sample(acceptors, 2):
+            cluster.kill(victim)
+        async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+            info = await client.file_info(key)
+            assert await client.get_bytes(key) == data
+        assert info.settled is False
+    finally:
+        cluster.down(purge=True)
+
+
 class _AcceptCutShort(Transport):
     """The real transport, except for the one write it is armed for: its accept reaches
     the acceptor ``late`` only when the writer moves on to its next round (as a slow

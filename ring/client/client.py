@@ -57,12 +57,15 @@ RESTORE_AFTER_S = 300.0
 @dataclass(frozen=True, slots=True)
 class FileInfo:
     """A named file: its key, size in bytes, the version of the record that names it, and
-    where its bytes are."""
+    where its bytes are. ``settled`` is False when more than R - W of the name's acceptors
+    were down: the newest version the others hold, which a write that reached only the
+    lost acceptors may have replaced (R - 1 losses still lose no stored file)."""
 
     key: str
     size: int
     version: int
     ref: BlobRef
+    settled: bool = True
 
 
 class Client:
@@ -157,12 +160,13 @@ class Client:
         return await self.chunks.get_blob(await self.lookup_file(key))
 
     async def file_info(self, key: str) -> FileInfo:
-        """What is stored under ``key``; ``NotFound`` when nothing is."""
-        record = await self.get_record(BLOB_KEY_PREFIX + key)
+        """What is stored under ``key``; ``NotFound`` when nothing is. Read from the
+        acceptors that are up when too few are for a quorum (``FileInfo.settled``)."""
+        record = await self.get_record(BLOB_KEY_PREFIX + key, allow_stale=True)
         if record is None:
             raise NotFound(f"no file is stored under key {key!r}")
         ref = _parse_ref(key, record.value)
-        return FileInfo(key, ref.size, record.version, ref)
+        return FileInfo(key, ref.size, record.version, ref, record.settled)
 
     async def list_files(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, FileInfo]:
         """The files whose keys start with ``prefix`` (at most ``limit``), by key."""
