@@ -1,0 +1,210 @@
+"""The wire contract of the file namespace (``sr3://``): routes, limits, body shapes.
+
+Every peer serves these routes (``spark_connector.fs_service`` installs them); any peer
+coordinates a request: it reads and writes the file's metadata record by consensus and
+its chunks on the key's replicas, so a client (the Java ``sr3://`` FileSystem, ``sr3
+fs``) talks to one peer and fails over to another.
+
+    PUT    /v1/fs/files/{path}[?overwrite=1]   create the file from the body, visible
+                                               atomically when 201 answers
+                                               -> stat; 409 "exists" (no overwrite and a
+                                               file is there), 409 "is_directory", 409
+                                               "parent_is_file", 413 "too_large"
+    GET    /v1/fs/files/{path}[?offset=N&length=M]   the bytes (a range: M at most to
+                                               the end); X-SR3-File-Size, X-SR3-Mtime-Ms;
+                                               404 "not_found", 409 "is_directory"
+    GET    /v1/fs/stat/{path}                  stat; 404 "not_found"
+    GET    /v1/fs/list/{path}[?after=NAME&limit=N]   {"path", "type", "entries": [stat
+                                               with "name"], "truncated"}: the direct
+                                               children by name after NAME (of a file:
+                                               itself); 404 "not_found"
+    DELETE /v1/fs/files/{path}[?recursive=1]   {"deleted": files and directories removed}
+                                               (0 when nothing was there); 409 "not_empty"
+    POST   /v1/fs/rename?from=P&to=Q[&overwrite=1]   move a file, replacing Q atomically
+                                               with overwrite -> stat of Q; 404
+                                               "not_found", 409 "exists", 409
+                                               "is_directory" (Q is one, or P is)
+    POST   /v1/fs/mkdirs/{path}                {"created": bool}; 409 "parent_is_file"
+
+A stat is ``{"path", "type": "file"|"directory", "size", "mtime_ms", "version"}``. Paths
+are absolute, ``/``-separated, without empty, ``.`` or ``..`` components; in a URL they
+follow the route without their leading ``/`` (the root is the empty path), each
+component percent-encoded. ``ROOT`` is always a directory.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+from ring.api import Route
+from ring.errors import ProtocolError
+
+__all__ = [
+    "DIRECTORY_KEY_PREFIX",
+    "FILE_BYTES_MAX",
+    "FILE_KEY_PREFIX",
+    "FS_DELETE",
+    "FS_LIST",
+    "FS_MKDIRS",
+    "FS_READ",
+    "FS_RENAME",
+    "FS_ROUTES",
+    "FS_STAT",
+    "FS_WRITE",
+    "HEADER_FILE_SIZE",
+    "HEADER_MTIME_MS",
+    "LIST_LIMIT_MAX",
+    "PATH_CHARS_MAX",
+    "ROOT",
+    "Stat",
+    "components",
+    "directory_key",
+    "file_key",
+    "fs_path",
+    "parent",
+    "parse_stat",
+    "paths_of",
+    "route_path",
+    "stat_body",
+    "validate_path",
+]
+
+FS_WRITE = Route("PUT", "/v1/fs/files/{path:.*}")
+FS_READ = Route("GET", "/v1/fs/files/{path:.*}")
+FS_DELETE = Route("DELETE", "/v1/fs/files/{path:.*}")
+FS_STAT = Route("GET", "/v1/fs/stat/{path:.*}")
+FS_LIST = Route("GET", "/v1/fs/list/{path:.*}")
+FS_RENAME = Route("POST", "/v1/fs/rename")
+FS_MKDIRS = Route("POST", "/v1/fs/mkdirs/{path:.*}")
+FS_ROUTES = (FS_WRITE, FS_READ, FS_DELETE, FS_STAT, FS_LIST, FS_RENAME, FS_MKDIRS)
+
+HEADER_FILE_SIZE = "X-SR3-File-Size"
+HEADER_MTIME_MS = "X-SR3-Mtime-Ms"
+
+ROOT = "/"
+# Files are records under FILE_KEY_PREFIX + the path without its leading "/"; a
+# directory made by mkdirs (one no file implies) is a record under DIRECTORY_KEY_PREFIX.
+FILE_KEY_PREFIX = "files/"
+DIRECTORY_KEY_PREFIX = "dirs/"
+# Record keys are at most 512 characters; the longest prefix above is 6.
+PATH_CHARS_MAX = 500
+COMPONENT_CHARS_MAX = 255
+# One file: a Spark state file is at most a few GiB (a RocksDB checkpoint zip).
+FILE_BYTES_MAX = 64 * 1024**3
+LIST_LIMIT_MAX = 10_000
+MTIME_MS_MAX = 10**15
+_COMPONENT = re.compile(r"^[A-Za-z0-9._:=-]+$")
+
+FileType = Literal["file", "directory"]
+
+
+def validate_path(path: str) -> str:
+    """``path`` if it is a valid absolute path (``ProtocolError`` if not)."""
+    if path == ROOT:
+        return path
+    if not path.startswith("/") or len(path) > PATH_CHARS_MAX:
+        raise ProtocolError(
+            f"invalid path {path[:80]!r}: absolute, at most {PATH_CHARS_MAX} characters"
+        )
+    for part in path[1:].split("/"):
+        if (
+            not 0 < len(part) <= COMPONENT_CHARS_MAX
+            or part in (".", "..")
+            or _COMPONENT.fullmatch(part) is None
+        ):
+            raise ProtocolError(
+                f"invalid path {path[:80]!r}: components of [A-Za-z0-9._:=-], not empty, "
+                "'.' or '..'"
+            )
+    return path
+
+
+def components(path: str) -> list[str]:
+    return [] if path == ROOT else validate_path(path)[1:].split("/")
+
+
+def parent(path: str) -> str:
+    """The directory holding ``path`` (the root for the root)."""
+    head = validate_path(path).rpartition("/")[0]
+    return head or ROOT
+
+
+def file_key(path: str) -> str:
+    """The record naming the file at ``path``."""
+    if path == ROOT:
+        raise ProtocolError("the root is a directory, never a file")
+    return FILE_KEY_PREFIX + validate_path(path)[1:]
+
+
+def directory_key(path: str) -> str:
+    """The record marking ``path`` as a directory made by mkdirs."""
+    if path == ROOT:
+        raise ProtocolError("the root needs no directory record")
+    return DIRECTORY_KEY_PREFIX + validate_path(path)[1:]
+
+
+def fs_path(route: Route, path: str) -> str:
+    """The URL path of ``route`` for the file system ``path`` (not for rename)."""
+    encoded = "/".join(quote(part, safe="") for part in components(path))
+    return route.pattern.replace("{path:.*}", encoded)
+
+
+def route_path(raw: str) -> str:
+    """The file system path a route's ``{path}`` match names (aiohttp decodes it)."""
+    return ROOT if raw in ("", "/") else validate_path("/" + raw.rstrip("/"))
+
+
+def paths_of(route: Route, match: Mapping[str, str], query: Mapping[str, str]) -> list[str]:
+    """Every path a request on ``route`` touches (an authorization decision covers all
+    of them); ``ProtocolError`` when one is missing or invalid."""
+    if route == FS_RENAME:
+        return [validate_path(query.get("from", "")), validate_path(query.get("to", ""))]
+    return [route_path(match.get("path", ""))]
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    path: str
+    type: FileType
+    size: int
+    mtime_ms: int
+    version: int
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition("/")[2]
+
+
+def stat_body(stat: Stat) -> dict[str, Any]:
+    return {
+        "path": stat.path,
+        "type": stat.type,
+        "size": stat.size,
+        "mtime_ms": stat.mtime_ms,
+        "version": stat.version,
+    }
+
+
+def _bounded(value: Any, name: str, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise ProtocolError(f"{name} must be an integer in 0..{maximum}")
+    return value
+
+
+def parse_stat(answer: Any) -> Stat:
+    if not isinstance(answer, dict):
+        raise ProtocolError("a stat is a JSON object")
+    kind = answer.get("type")
+    if kind not in ("file", "directory"):
+        raise ProtocolError("a stat's type is 'file' or 'directory'")
+    return Stat(
+        validate_path(answer.get("path") if isinstance(answer.get("path"), str) else ""),
+        kind,
+        _bounded(answer.get("size"), "size", FILE_BYTES_MAX),
+        _bounded(answer.get("mtime_ms"), "mtime_ms", MTIME_MS_MAX),
+        _bounded(answer.get("version"), "version", 2**53 - 1),
+    )
