@@ -201,8 +201,9 @@ def parse_stat(answer: Any) -> Stat:
     kind = answer.get("type")
     if kind not in ("file", "directory"):
         raise ProtocolError("a stat's type is 'file' or 'directory'")
+    path = answer.get("path")
     return Stat(
-        validate_path(answer.get("path") if isinstance(answer.get("path"), str) else ""),
+        validate_path(path if isinstance(path, str) else ""),
         kind,
         _bounded(answer.get("size"), "size", FILE_BYTES_MAX),
         _bounded(answer.get("mtime_ms"), "mtime_ms", MTIME_MS_MAX),
