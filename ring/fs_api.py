@@ -26,6 +26,10 @@ fs``) talks to one peer and fails over to another.
                                                "is_directory" (Q is one, or P is)
     POST   /v1/fs/mkdirs/{path}                {"created": bool}; 409 "parent_is_file"
 
+PUT and rename take ``op=<24 lowercase hex digits>``, the operation's id, the same on
+every retry: a retry that finds its operation already done answers as the first attempt
+would have (a create-if-absent that succeeded is not then refused as "exists").
+
 A stat is ``{"path", "type": "file"|"directory", "size", "mtime_ms", "version"}``. Paths
 are absolute, ``/``-separated, without empty, ``.`` or ``..`` components; in a URL they
 follow the route without their leading ``/`` (the root is the empty path), each
@@ -67,6 +71,7 @@ __all__ = [
     "fs_path",
     "parent",
     "parse_stat",
+    "parse_op",
     "paths_of",
     "route_path",
     "stat_body",
@@ -98,6 +103,7 @@ FILE_BYTES_MAX = 64 * 1024**3
 LIST_LIMIT_MAX = 10_000
 MTIME_MS_MAX = 10**15
 _COMPONENT = re.compile(r"^[A-Za-z0-9._:=-]+$")
+OP_PATTERN = re.compile(r"^[0-9a-f]{24}$")
 
 FileType = Literal["file", "directory"]
 
@@ -121,6 +127,15 @@ def validate_path(path: str) -> str:
                 "'.' or '..'"
             )
     return path
+
+
+def parse_op(raw: str | None) -> str | None:
+    """An operation id from the query (``op``), or None when there is none."""
+    if raw is None:
+        return None
+    if OP_PATTERN.fullmatch(raw) is None:
+        raise ProtocolError("op is 24 lowercase hex digits")
+    return raw
 
 
 def components(path: str) -> list[str]:
