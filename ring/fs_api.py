@@ -64,6 +64,7 @@ __all__ = [
     "LIST_LIMIT_MAX",
     "PATH_CHARS_MAX",
     "ROOT",
+    "STREAMED_BODY_ROUTES",
     "Stat",
     "components",
     "directory_key",
@@ -86,6 +87,9 @@ FS_LIST = Route("GET", "/v1/fs/list/{path:.*}")
 FS_RENAME = Route("POST", "/v1/fs/rename")
 FS_MKDIRS = Route("POST", "/v1/fs/mkdirs/{path:.*}")
 FS_ROUTES = (FS_WRITE, FS_READ, FS_DELETE, FS_STAT, FS_LIST, FS_RENAME, FS_MKDIRS)
+# Bodies the handler reads as they arrive (bounded by FILE_BYTES_MAX) and checks against
+# the signed digest, instead of the peer buffering them before it authenticates.
+STREAMED_BODY_ROUTES = frozenset({FS_WRITE})
 
 HEADER_FILE_SIZE = "X-SR3-File-Size"
 HEADER_MTIME_MS = "X-SR3-Mtime-Ms"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ring import api, codec, paxos
+from ring import api, codec, fs_api, paxos
 from ring.api import Route
 from ring.auth import ANY_TARGET, AuthFailure, Verifier
 from ring.consensus import Syncing, ViewMismatch
@@ -45,13 +46,32 @@ from ring.paxos import Ballot, Preempted
 from ring.peer_config import PeerConfig
 from ring.records import validate_key
 
-__all__ = ["AppExtension", "PeerConfig", "build_app"]
+__all__ = ["SIGNED_BODY_SHA256", "AppExtension", "PeerConfig", "build_app"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Adds routes to a peer's application (they pass through ``Peer.guard``).
 AppExtension = Callable[[web.Application, Node], None]
+
+
+# Where a handler of a streamed-body route finds the body digest the request signed.
+SIGNED_BODY_SHA256 = "sr3.signed_body_sha256"
+
+
+# aiohttp names a resource by its pattern without the variables' regular expressions.
+_STREAMED_BODY = frozenset(
+    (route.method, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.pattern))
+    for route in fs_api.STREAMED_BODY_ROUTES
+)
+
+
+def _streamed_body(request: web.Request) -> bool:
+    """A route whose body its handler streams (a file of the namespace, beyond what the
+    peer buffers): the handler checks the signed digest, and keeps nothing that fails."""
+    resource = request.match_info.route.resource
+    pattern = resource.canonical if resource is not None else ""
+    return (request.method, pattern) in _STREAMED_BODY
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -205,6 +225,10 @@ class Peer:
         digest = self.verifier.verify_headers(
             request.method, request.raw_path, request.headers, targets
         )
+        if _streamed_body(request):
+            # Read (bounded) and checked against the digest by the handler as it goes.
+            request[SIGNED_BODY_SHA256] = digest
+            return
         body = await request.read() if request.body_exists else None
         self.verifier.verify_body(digest, body)
 
