@@ -62,6 +62,7 @@ __all__ = [
     "HEADER_FILE_SIZE",
     "HEADER_MTIME_MS",
     "LIST_LIMIT_MAX",
+    "MTIME_MS_MAX",
     "PATH_CHARS_MAX",
     "ROOT",
     "STREAMED_BODY_ROUTES",

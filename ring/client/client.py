@@ -277,14 +277,20 @@ class Client:
         )
 
     async def put_record(
-        self, key: str, value: bytes, *, expected_version: int, refs: Sequence[str] = ()
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int,
+        refs: Sequence[str] = (),
+        op: str | None = None,
     ) -> int:
         return await self.records.put_record(
-            key, value, expected_version=expected_version, refs=refs
+            key, value, expected_version=expected_version, refs=refs, op=op
         )
 
-    async def delete_record(self, key: str, *, expected_version: int) -> int:
-        return await self.records.delete_record(key, expected_version=expected_version)
+    async def delete_record(self, key: str, *, expected_version: int, op: str | None = None) -> int:
+        return await self.records.delete_record(key, expected_version=expected_version, op=op)
 
     async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
         return await self.records.list_records(prefix, limit=limit)

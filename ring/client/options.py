@@ -86,6 +86,8 @@ class RecordValue:
     # False when read with ``allow_stale`` from fewer of the key's acceptors than a
     # quorum: the value accepted at the highest ballot among them, possibly not the last.
     settled: bool = True
+    # The id of the operation that wrote this version (``put_record(op=...)``).
+    op: str = ""
 
 
 def file_source(path: Path) -> Source:

@@ -13,6 +13,7 @@ different sizes need not meet.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from ring import api, paxos
@@ -35,6 +36,8 @@ __all__ = ["RecordIO"]
 # A read asks again with a refreshed member table at most this many times when an
 # acceptor computes other acceptors for the key.
 READ_REFRESHES_MAX = 2
+# Operation ids, as ``Proposer.new_op`` makes them.
+OP_PATTERN = re.compile(r"^[0-9a-f]{24}$")
 
 
 class RecordIO:
@@ -89,7 +92,9 @@ class RecordIO:
         value, settled = await self.read_value(key, allow_stale=allow_stale)
         if value.version == 0 or (value.deleted and not include_deleted):
             return None
-        return RecordValue(key, value.version, value.data, deleted=value.deleted, settled=settled)
+        return RecordValue(
+            key, value.version, value.data, deleted=value.deleted, settled=settled, op=value.op
+        )
 
     # -- changes ------------------------------------------------------------------------
 
@@ -126,23 +131,38 @@ class RecordIO:
         raise RecordConflict(key, expected_version, chosen.version)
 
     async def put_record(
-        self, key: str, value: bytes, *, expected_version: int, refs: Sequence[str] = ()
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int,
+        refs: Sequence[str] = (),
+        op: str | None = None,
     ) -> int:
         """Compare-and-set: store ``value`` as ``expected_version + 1``, once chosen.
 
         ``refs`` are the chunk ids the value points at: peers audit that they stay
         available (``chunks_lost``) and keep them from collection, without parsing values.
+        ``op`` names the operation (24 lowercase hex digits, fresh when None): a caller
+        that retries an operation whose outcome it lost passes the same one, and finds
+        it in ``RecordValue.op`` if it took effect.
         Raises ``RecordConflict`` when another version is chosen (the current one named).
         """
         api.record_envelope(refs, b"")  # refs must be chunk ids
-        op = self.proposer.new_op()
-        new = Value(expected_version + 1, value, tuple(refs), False, op)
+        new = Value(expected_version + 1, value, tuple(refs), False, self._op(op))
         return await self._compare_and_set(key, expected_version, new)
 
-    async def delete_record(self, key: str, *, expected_version: int) -> int:
+    async def delete_record(self, key: str, *, expected_version: int, op: str | None = None) -> int:
         """Compare-and-set delete: a tombstone as ``expected_version + 1``; its version."""
-        new = Value(expected_version + 1, b"", (), True, self.proposer.new_op())
+        new = Value(expected_version + 1, b"", (), True, self._op(op))
         return await self._compare_and_set(key, expected_version, new)
+
+    def _op(self, op: str | None) -> str:
+        if op is None:
+            return self.proposer.new_op()
+        if OP_PATTERN.fullmatch(op) is None:
+            raise ProtocolError("an operation id is 24 lowercase hex digits")
+        return op
 
     async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
         """Keys under ``prefix`` with the newest version any reachable peer knows (keys

@@ -124,6 +124,7 @@ def peer(
     if ctx.invoked_subcommand is not None:
         return
     from recovery.relay import install as install_recovery_relay
+    from spark_connector.fs_service import install as install_file_namespace
     from ring.peer_config import PeerConfig
     from ring.server import run_peer
 
@@ -157,7 +158,7 @@ def peer(
         admin_kill=admin_kill,
     )  # fmt: skip
     # ring/ does not import recovery/: the relay's route is wired in here.
-    run_peer(config, extensions=(install_recovery_relay,))
+    run_peer(config, extensions=(install_recovery_relay, install_file_namespace))
 
 
 @peer.command("leave")

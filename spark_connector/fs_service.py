@@ -1,0 +1,618 @@
+"""The file namespace of ``sr3://``, served by every peer (``install`` adds its routes).
+
+Any peer coordinates a request (the routes, answers and error codes are in
+``ring.fs_api``): it reads and changes the file's record by consensus through a ring
+client of its own, and writes a large file's chunks to their replicas (durable on W of
+them) before the record names them, so a file is visible, whole, exactly when the
+request that created it answers 201.
+
+Semantics Spark's checkpoint code relies on (as on HDFS):
+
+- create-if-absent is exact: of many concurrent creates of one path, one wins and the
+  others get 409 "exists" (the record's compare-and-set decides);
+- rename with overwrite replaces the destination in one record write, so a reader sees
+  the old file or the new one, never neither; the source is deleted after (a reader may
+  see both for that moment; a crash in between leaves both, never neither);
+- a file is never under another file, nor where a directory is.
+
+Directories are implied by the files under them; ``mkdirs`` writes a record only for a
+directory that would otherwise not exist. Listing asks every peer for the records under
+the directory (``Client.list_records``) and reads each child's record for its size and
+time: O(children) reads, bounded in concurrency.
+
+Retries: PUT and rename carry an operation id (``op``) that goes into the record's
+value; a retry that finds its own op there answers as the first attempt would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import xxhash
+from aiohttp import web
+
+from ring import api, fs_api
+from ring.api import Route
+from ring.auth import AuthFailure
+from ring.blobs import BlobRef, Extent
+from ring.client import Client, ClientOptions
+from ring.client.chunks import first_error
+from ring.client.options import RecordValue
+from ring.errors import (
+    DataUnavailable,
+    NotFound,
+    QuorumError,
+    RecordConflict,
+    RecordContention,
+    RecordUnknown,
+    SR3Error,
+)
+from ring.fs_api import ROOT, Stat
+from ring.node import Node
+from ring.peer import SIGNED_BODY_SHA256
+from spark_connector.files import INLINE_BYTES_MAX, Entry, decode_entry, encode_entry
+
+__all__ = ["FsError", "Namespace", "install"]
+
+log = logging.getLogger(__name__)
+
+# A compare-and-set that loses to a concurrent writer is retried this many times.
+CAS_ATTEMPTS_MAX = 8
+# Records read at once when listing a directory or deleting one.
+CHILD_READS_MAX = 16
+# The body is read in pieces of this size.
+BODY_PIECE_BYTES = 256 * 1024
+
+
+class FsError(SR3Error):
+    """A request the namespace refuses: its HTTP status and error code."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def _not_found(path: str) -> FsError:
+    return FsError(404, "not_found", f"no such file or directory: {path}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What the namespace holds at a path: a file (with its record), a directory, or
+    nothing."""
+
+    stat: Stat | None
+    record: RecordValue | None = None
+    entry: Entry | None = None
+
+
+class Namespace:
+    """The file system operations, over a ring client."""
+
+    def __init__(self, client: Client, wall_ms: Callable[[], int]) -> None:
+        self.client = client
+        self._wall_ms = wall_ms
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def _file(self, path: str, *, include_deleted: bool = False) -> RecordValue | None:
+        return await self.client.get_record(
+            fs_api.file_key(path), include_deleted=include_deleted, allow_stale=True
+        )
+
+    async def _has_children(self, path: str) -> bool:
+        tail = "" if path == ROOT else path[1:] + "/"
+        for prefix in (fs_api.FILE_KEY_PREFIX, fs_api.DIRECTORY_KEY_PREFIX):
+            if await self.client.list_records(prefix + tail, limit=1):
+                return True
+        return False
+
+    async def find(self, path: str) -> _Found:
+        """The file or directory at ``path``."""
+        if path == ROOT:
+            return _Found(Stat(ROOT, "directory", 0, 0, 0))
+        record, marker = await asyncio.gather(
+            self._file(path),
+            self.client.get_record(fs_api.directory_key(path), allow_stale=True),
+        )
+        if record is not None:
+            entry = decode_entry(record.value)
+            return _Found(
+                Stat(path, "file", entry.size, entry.mtime_ms, record.version), record, entry
+            )
+        if marker is not None:
+            entry = decode_entry(marker.value)
+            return _Found(Stat(path, "directory", 0, entry.mtime_ms, marker.version))
+        if await self._has_children(path):
+            return _Found(Stat(path, "directory", 0, 0, 0))
+        return _Found(None)
+
+    async def stat(self, path: str) -> Stat:
+        found = await self.find(path)
+        if found.stat is None:
+            raise _not_found(path)
+        return found.stat
+
+    async def open(self, path: str) -> tuple[Stat, Entry]:
+        found = await self.find(path)
+        if found.stat is None:
+            raise _not_found(path)
+        if found.entry is None:
+            raise FsError(409, "is_directory", f"{path} is a directory")
+        return found.stat, found.entry
+
+    async def read(self, entry: Entry, offset: int, length: int) -> AsyncIterator[bytes]:
+        """The bytes ``[offset, offset + length)`` of a file, piece by piece."""
+        if entry.blob is None:
+            yield entry.inline[offset : offset + length]
+            return
+        end = offset + length
+        wanted: list[tuple[Extent, int, int]] = []
+        position = 0
+        for extent in entry.blob.extents:
+            start, stop = position, position + extent.length
+            position = stop
+            if stop <= offset or start >= end:
+                continue
+            wanted.append((extent, max(offset, start) - start, min(end, stop) - start))
+        window = asyncio.Semaphore(self.client.options.transfers_max)
+
+        async def fetch(extent: Extent) -> bytes:
+            async with window:
+                raw = await self.client.chunks.fetch_chunk(extent.chunk_id)
+            if extent.offset + extent.length > len(raw):
+                raise DataUnavailable([extent.chunk_id], ["chunk shorter than its extent"])
+            return raw[extent.offset : extent.offset + extent.length]
+
+        tasks: list[asyncio.Task[bytes]] = []
+        try:
+            async with asyncio.TaskGroup() as group:
+                ahead = self.client.options.transfers_max
+                for extent, _lo, _hi in wanted[:ahead]:
+                    tasks.append(group.create_task(fetch(extent)))
+                for index, (_extent, lo, hi) in enumerate(wanted):
+                    data = await tasks[index]
+                    if index + ahead < len(wanted):
+                        tasks.append(group.create_task(fetch(wanted[index + ahead][0])))
+                    yield data[lo:hi]
+        except BaseExceptionGroup as group_error:
+            raise first_error(group_error) from None
+
+    async def children(self, path: str) -> list[Stat]:
+        """The direct children of the directory at ``path``, by name."""
+        tail = "" if path == ROOT else path[1:] + "/"
+        files, dirs = await asyncio.gather(
+            self.client.list_records(fs_api.FILE_KEY_PREFIX + tail, limit=fs_api.LIST_LIMIT_MAX),
+            self.client.list_records(
+                fs_api.DIRECTORY_KEY_PREFIX + tail, limit=fs_api.LIST_LIMIT_MAX
+            ),
+        )
+        base = "" if path == ROOT else path
+        subdirs: set[str] = set()
+        direct_files: list[str] = []
+        for key in files:
+            rest = key[len(fs_api.FILE_KEY_PREFIX) + len(tail) :]
+            name, slash, _deeper = rest.partition("/")
+            if slash:
+                subdirs.add(name)
+            else:
+                direct_files.append(name)
+        for key in dirs:
+            rest = key[len(fs_api.DIRECTORY_KEY_PREFIX) + len(tail) :]
+            subdirs.add(rest.partition("/")[0])
+        found: dict[str, Stat] = {
+            name: Stat(f"{base}/{name}", "directory", 0, 0, 0) for name in subdirs
+        }
+        slots = asyncio.Semaphore(CHILD_READS_MAX)
+
+        async def one(name: str) -> None:
+            async with slots:
+                child = f"{base}/{name}"
+                record = await self._file(child)
+            if record is not None:  # else deleted since it was listed
+                entry = decode_entry(record.value)
+                found[name] = Stat(child, "file", entry.size, entry.mtime_ms, record.version)
+
+        async with asyncio.TaskGroup() as group:
+            for name in direct_files:
+                group.create_task(one(name))
+        return [found[name] for name in sorted(found)]
+
+    # -- changing -----------------------------------------------------------------------
+
+    async def _check_parents(self, path: str) -> None:
+        """409 "parent_is_file" when a file is where a directory above ``path`` is."""
+        parts = fs_api.components(path)
+        ancestors = ["/" + "/".join(parts[:depth]) for depth in range(1, len(parts))]
+        records = await asyncio.gather(*(self._file(a) for a in ancestors))
+        for ancestor, record in zip(ancestors, records, strict=True):
+            if record is not None:
+                raise FsError(409, "parent_is_file", f"{ancestor} is a file")
+
+    async def _check_not_directory(self, path: str) -> None:
+        marker, children = await asyncio.gather(
+            self.client.get_record(fs_api.directory_key(path), allow_stale=True),
+            self._has_children(path),
+        )
+        if marker is not None or children:
+            raise FsError(409, "is_directory", f"{path} is a directory")
+
+    async def _store(self, path: str, entry: Entry, *, overwrite: bool, op: str) -> Stat:
+        """Name ``entry`` at ``path``: a compare-and-set on the file's record, retried
+        when a concurrent writer wins the version (``exists`` if it made a file there
+        and ``overwrite`` is off)."""
+        key = fs_api.file_key(path)
+        value = encode_entry(entry)
+        for _attempt in range(CAS_ATTEMPTS_MAX):
+            current = await self.client.get_record(key, include_deleted=True)
+            if current is not None and current.op == op and not current.deleted:
+                return _stat_of(path, current)
+            if current is not None and not current.deleted and not overwrite:
+                raise FsError(409, "exists", f"{path} exists")
+            expected = 0 if current is None else current.version
+            try:
+                version = await self.client.put_record(
+                    key, value, expected_version=expected, refs=entry.refs, op=op
+                )
+            except (RecordConflict, RecordUnknown):
+                continue  # read again: this op, another file, or a free version
+            return Stat(path, "file", entry.size, entry.mtime_ms, version)
+        raise FsError(503, "contention", f"{path}: {CAS_ATTEMPTS_MAX} concurrent writers won")
+
+    async def create(
+        self, path: str, body: AsyncIterator[bytes], *, overwrite: bool, op: str
+    ) -> Stat:
+        """Store the file ``body`` gives (its bytes, already bounded) at ``path``."""
+        if path == ROOT:
+            raise FsError(409, "is_directory", "the root is a directory")
+        await asyncio.gather(self._check_parents(path), self._check_not_directory(path))
+        entry = await self._upload(body)
+        return await self._store(path, entry, overwrite=overwrite, op=op)
+
+    async def _upload(self, body: AsyncIterator[bytes]) -> Entry:
+        """Inline when the body is small, else chunks durable on W replicas each."""
+        chunk_bytes = self.client.options.chunk_bytes
+        try:
+            return await self._cut_and_store(body, chunk_bytes)
+        except BaseExceptionGroup as group_error:
+            raise first_error(group_error) from None
+
+    async def _cut_and_store(self, body: AsyncIterator[bytes], chunk_bytes: int) -> Entry:
+        buffer = bytearray()
+        hasher = xxhash.xxh3_128()
+        size = 0
+        slots = asyncio.Semaphore(self.client.options.transfers_max)
+        ids: dict[int, str] = {}
+
+        async def store(index: int, raw: bytes) -> None:
+            try:
+                ids[index] = await self.client.chunks.store_raw_chunk(raw)
+            finally:
+                slots.release()
+
+        async with asyncio.TaskGroup() as group:
+            pieces: list[int] = []
+
+            async def cut(final: bool) -> None:
+                while len(buffer) >= chunk_bytes or (final and buffer):
+                    raw = bytes(buffer[:chunk_bytes])
+                    del buffer[:chunk_bytes]
+                    await slots.acquire()
+                    pieces.append(len(raw))
+                    group.create_task(store(len(pieces) - 1, raw))
+
+            async for piece in body:
+                size += len(piece)
+                hasher.update(piece)
+                buffer += piece
+                if size > INLINE_BYTES_MAX:
+                    await cut(final=False)
+            if size <= INLINE_BYTES_MAX:
+                return Entry("file", size, self._wall_ms(), bytes(buffer))
+            await cut(final=True)
+        extents = [Extent(ids[i], 0, length) for i, length in enumerate(pieces)]
+        blob = BlobRef(size, hasher.hexdigest(), tuple(extents))
+        return Entry("file", size, self._wall_ms(), b"", blob)
+
+    async def delete(self, path: str, *, recursive: bool) -> int:
+        """Remove the file or directory at ``path``; how many entries went."""
+        if path == ROOT and not recursive:
+            raise FsError(409, "not_empty", "the root is deleted only recursively")
+        found = await self.find(path)
+        if found.stat is None:
+            return 0
+        if found.record is not None:
+            return await self._delete_key(fs_api.file_key(path))
+        tail = "" if path == ROOT else path[1:] + "/"
+        keys = [
+            *(
+                await self.client.list_records(
+                    fs_api.FILE_KEY_PREFIX + tail, limit=fs_api.LIST_LIMIT_MAX
+                )
+            ),
+            *(
+                await self.client.list_records(
+                    fs_api.DIRECTORY_KEY_PREFIX + tail, limit=fs_api.LIST_LIMIT_MAX
+                )
+            ),
+        ]
+        if keys and not recursive:
+            raise FsError(409, "not_empty", f"{path} is a directory that is not empty")
+        removed = 0
+        slots = asyncio.Semaphore(CHILD_READS_MAX)
+
+        async def one(key: str) -> None:
+            nonlocal removed
+            async with slots:
+                gone = await self._delete_key(key)
+            removed += gone
+
+        async with asyncio.TaskGroup() as group:
+            for key in keys:
+                group.create_task(one(key))
+        if path != ROOT:
+            removed += await self._delete_key(fs_api.directory_key(path))
+        return max(removed, 1)
+
+    async def _delete_key(self, key: str) -> int:
+        for _attempt in range(CAS_ATTEMPTS_MAX):
+            current = await self.client.get_record(key)
+            if current is None:
+                return 0
+            try:
+                await self.client.delete_record(key, expected_version=current.version)
+            except (RecordConflict, RecordUnknown):
+                continue
+            return 1
+        raise FsError(503, "contention", f"{key}: {CAS_ATTEMPTS_MAX} concurrent writers won")
+
+    async def rename(self, source: str, target: str, *, overwrite: bool, op: str) -> Stat:
+        """Move the file at ``source`` to ``target`` (replacing it with ``overwrite``)."""
+        if source == target:
+            return await self.stat(source)
+        if target == ROOT or fs_api.components(target)[: len(fs_api.components(source))] == (
+            fs_api.components(source)
+        ):
+            raise FsError(409, "is_directory", f"{target} is the root or under {source}")
+        done = await self._file(target)
+        if done is not None and done.op == op:  # a retry of a rename that went through
+            await self._delete_if(source, op)
+            return _stat_of(target, done)
+        found = await self.find(source)
+        if found.stat is None:
+            raise _not_found(source)
+        if found.entry is None:
+            raise FsError(409, "is_directory", f"{source} is a directory (renamed file by file)")
+        await asyncio.gather(self._check_parents(target), self._check_not_directory(target))
+        assert found.record is not None
+        stat = await self._store(target, found.entry, overwrite=overwrite, op=op)
+        await self._delete_if(source, None, version=found.record.version)
+        return stat
+
+    async def _delete_if(self, path: str, op: str | None, *, version: int | None = None) -> None:
+        """Delete the source of a rename, unless someone wrote it again meanwhile."""
+        key = fs_api.file_key(path)
+        current = await self.client.get_record(key)
+        if current is None or (version is not None and current.version != version):
+            return
+        try:
+            await self.client.delete_record(key, expected_version=current.version)
+        except (RecordConflict, RecordUnknown):
+            log.info("rename: %s changed while it was moved; left in place", path)
+
+    async def mkdirs(self, path: str) -> bool:
+        """Make ``path`` a directory (its parents are implied); False if it was one."""
+        if path == ROOT:
+            return False
+        await self._check_parents(path)
+        found = await self.find(path)
+        if found.stat is not None:
+            if found.stat.type == "file":
+                raise FsError(409, "parent_is_file", f"{path} is a file")
+            return False
+        value = encode_entry(Entry("directory", 0, self._wall_ms()))
+        key = fs_api.directory_key(path)
+        for _attempt in range(CAS_ATTEMPTS_MAX):
+            current = await self.client.get_record(key, include_deleted=True)
+            if current is not None and not current.deleted:
+                return False
+            try:
+                await self.client.put_record(
+                    key, value, expected_version=0 if current is None else current.version
+                )
+            except (RecordConflict, RecordUnknown):
+                continue
+            return True
+        raise FsError(503, "contention", f"{path}: {CAS_ATTEMPTS_MAX} concurrent writers won")
+
+
+def _stat_of(path: str, record: RecordValue) -> Stat:
+    entry = decode_entry(record.value)
+    return Stat(path, "file", entry.size, entry.mtime_ms, record.version)
+
+
+# -- HTTP ---------------------------------------------------------------------------------
+
+
+def _path(request: web.Request) -> str:
+    return fs_api.route_path(request.match_info.get("path", ""))
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return api.parse_flag(request.query.get(name), name)
+
+
+def _op(request: web.Request) -> str:
+    """The request's operation id, or a fresh one (a client that never retries)."""
+    return fs_api.parse_op(request.query.get("op")) or secrets.token_hex(12)
+
+
+def _error(error: FsError) -> web.Response:
+    return web.json_response(api.error_body(error.code, str(error)), status=error.status)
+
+
+def _unavailable(exc: Exception) -> web.Response:
+    return web.json_response(api.error_body("unavailable", str(exc)), status=503)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _answers(handler: Handler) -> Handler:
+    """The namespace's refusals and the ring's unavailability as JSON answers."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except FsError as exc:
+            return _error(exc)
+        except NotFound as exc:
+            return _error(FsError(404, "not_found", str(exc)))
+        except (QuorumError, DataUnavailable, RecordContention) as exc:
+            return _unavailable(exc)
+
+    return wrapped
+
+
+class FileService:
+    """The routes of one peer, over a ring client opened with the peer's application."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.namespace: Namespace | None = None
+
+    async def start(self, _app: web.Application) -> None:
+        config = self.node.config
+        client = Client(config.address, config.secret, options=ClientOptions())
+        self.namespace = Namespace(client, lambda: int(self.node.clocks.wall() * 1000))
+
+    async def stop(self, _app: web.Application) -> None:
+        if self.namespace is not None:
+            await self.namespace.client.close()
+
+    @property
+    def ns(self) -> Namespace:
+        if self.namespace is None:
+            raise FsError(503, "starting", "the file namespace is starting")
+        return self.namespace
+
+    async def write(self, request: web.Request) -> web.StreamResponse:
+        path = _path(request)
+        overwrite = _flag(request, "overwrite")
+        op = _op(request)
+        signed = request.get(SIGNED_BODY_SHA256)
+        if not isinstance(signed, str):
+            raise AuthFailure("the body of a file is signed")
+        digest = hashlib.sha256()
+        verified = False
+
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal verified
+            size = 0
+            while piece := await request.content.read(BODY_PIECE_BYTES):
+                size += len(piece)
+                if size > fs_api.FILE_BYTES_MAX:
+                    raise FsError(
+                        413, "too_large", f"a file is at most {fs_api.FILE_BYTES_MAX} bytes"
+                    )
+                digest.update(piece)
+                yield piece
+            if not hmac.compare_digest(digest.hexdigest(), signed):
+                raise AuthFailure("body does not match its signed digest")
+            verified = True
+
+        stat = await self.ns.create(path, body(), overwrite=overwrite, op=op)
+        assert verified
+        return web.json_response(fs_api.stat_body(stat), status=201)
+
+    async def read(self, request: web.Request) -> web.StreamResponse:
+        path = _path(request)
+        stat, entry = await self.ns.open(path)
+        offset = api.parse_int(request.query.get("offset"), "offset", 0, fs_api.FILE_BYTES_MAX)
+        length = api.parse_int(
+            request.query.get("length"), "length", fs_api.FILE_BYTES_MAX, fs_api.FILE_BYTES_MAX
+        )
+        length = max(0, min(length, stat.size - offset))
+        pieces = self.ns.read(entry, offset, length)
+        first = await anext(pieces, b"")  # unavailable chunks answer 503, not a cut body
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                fs_api.HEADER_FILE_SIZE: str(stat.size),
+                fs_api.HEADER_MTIME_MS: str(stat.mtime_ms),
+                "Content-Type": "application/octet-stream",
+            },
+        )
+        response.content_length = length
+        await response.prepare(request)
+        await response.write(first)
+        async for piece in pieces:
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+    async def stat(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(fs_api.stat_body(await self.ns.stat(_path(request))))
+
+    async def list(self, request: web.Request) -> web.StreamResponse:
+        path = _path(request)
+        after = request.query.get("after", "")
+        limit = api.parse_int(
+            request.query.get("limit"), "limit", fs_api.LIST_LIMIT_MAX, fs_api.LIST_LIMIT_MAX
+        )
+        stat = await self.ns.stat(path)
+        if stat.type == "file":
+            entries, truncated = [stat], False
+        else:
+            children = [c for c in await self.ns.children(path) if c.name > after]
+            entries, truncated = children[:limit], len(children) > limit
+        return web.json_response(
+            {
+                "path": path,
+                "type": stat.type,
+                "entries": [{"name": e.name, **fs_api.stat_body(e)} for e in entries],
+                "truncated": truncated,
+            }
+        )
+
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        removed = await self.ns.delete(_path(request), recursive=_flag(request, "recursive"))
+        return web.json_response({"deleted": removed})
+
+    async def rename(self, request: web.Request) -> web.StreamResponse:
+        source, target = fs_api.paths_of(fs_api.FS_RENAME, request.match_info, request.query)
+        stat = await self.ns.rename(
+            source, target, overwrite=_flag(request, "overwrite"), op=_op(request)
+        )
+        return web.json_response(fs_api.stat_body(stat))
+
+    async def mkdirs(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"created": await self.ns.mkdirs(_path(request))})
+
+
+def install(app: web.Application, node: Node) -> None:
+    """Add the file namespace's routes to a peer's application."""
+    service = FileService(node)
+    app.on_startup.append(service.start)
+    app.on_cleanup.append(service.stop)
+    routes: dict[Route, Handler] = {
+        fs_api.FS_WRITE: service.write,
+        fs_api.FS_READ: service.read,
+        fs_api.FS_DELETE: service.delete,
+        fs_api.FS_STAT: service.stat,
+        fs_api.FS_LIST: service.list,
+        fs_api.FS_RENAME: service.rename,
+        fs_api.FS_MKDIRS: service.mkdirs,
+    }
+    for route, handler in routes.items():
+        if route.method == "GET":
+            app.router.add_get(route.pattern, _answers(handler), allow_head=False)
+        else:
+            app.router.add_route(route.method, route.pattern, _answers(handler))

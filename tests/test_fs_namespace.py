@@ -1,0 +1,193 @@
+"""The ``sr3://`` file namespace served by peers (``spark_connector.fs_service``).
+
+What must hold, on the shared 5-peer ring (R=3, W=2), through any peer: a created file
+reads back whole and by ranges, inline (small) or in chunks (large); create-if-absent is
+exact under concurrency; rename replaces atomically; directories are implied, listed and
+stat-ed as directories, deleted recursively; bad paths and bodies are refused with 4xx
+and the peer stays up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from support import HttpProbe
+
+from ring import api, fs_api
+from ring.errors import AuthError, NotFound
+from spark_connector.files import INLINE_BYTES_MAX
+from spark_connector.fs_client import FsClient, FsRefused
+from sr3.local import LocalCluster
+
+
+def _root(rng: random.Random) -> str:
+    return f"/tests/fs-{rng.randrange(10**12)}"
+
+
+async def test_files_read_back_whole_and_by_ranges_from_any_peer(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a small file (inline in its record) and a large one (chunks) written
+    through one peer. Must hold: every peer reads them back whole and at random ranges;
+    stat gives size and a real modification time."""
+    root = _root(rng)
+    small = rng.randbytes(1000)
+    large = rng.randbytes(INLINE_BYTES_MAX * 3 + 12345)
+    async with FsClient(ring.cluster.addresses[0], ring.secret) as fs:
+        before_ms = (await fs.write(f"{root}/small", small)).mtime_ms
+        await fs.write(f"{root}/big/large.bin", large)
+    assert before_ms > 1_600_000_000_000
+    for address in ring.cluster.addresses:
+        async with FsClient(address, ring.secret) as fs:
+            assert await fs.read(f"{root}/small") == small
+            assert await fs.read(f"{root}/big/large.bin") == large
+            stat = await fs.stat(f"{root}/big/large.bin")
+            assert (stat.type, stat.size) == ("file", len(large))
+            for _ in range(5):
+                offset = rng.randrange(len(large))
+                length = rng.randrange(1, 300_000)
+                got = await fs.read(f"{root}/big/large.bin", offset, length)
+                assert got == large[offset : offset + length]
+            assert await fs.read(f"{root}/small", 990, 100) == small[990:]
+
+
+async def test_create_if_absent_has_exactly_one_winner(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: 12 writers create one path at once, without overwrite, through different
+    peers. Must hold: exactly one succeeds, the others get 409 "exists", and the file
+    holds the winner's bytes."""
+    path = f"{_root(rng)}/once"
+    addresses = ring.cluster.addresses
+    clients = [FsClient(addresses[i % len(addresses)], ring.secret) for i in range(12)]
+
+    async def create(i: int) -> str:
+        try:
+            await clients[i].write(path, f"writer {i}".encode())
+        except FsRefused as exc:
+            return exc.code
+        return f"won {i}"
+
+    try:
+        results = await asyncio.gather(*(create(i) for i in range(12)))
+    finally:
+        for client in clients:
+            await client.close()
+    winners = [r for r in results if r.startswith("won")]
+    assert len(winners) == 1, results
+    assert sorted(set(results) - set(winners)) == ["exists"], results
+    async with FsClient(addresses[0], ring.secret) as fs:
+        assert await fs.read(path) == f"writer {winners[0].split()[1]}".encode()
+
+
+async def test_rename_replaces_atomically_and_refuses_without_overwrite(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Must hold: rename onto an existing file without overwrite is refused and changes
+    nothing; with overwrite the target holds the source's bytes and the source is gone;
+    renaming a missing file is 404."""
+    root = _root(rng)
+    async with FsClient(ring.cluster.addresses[1], ring.secret) as fs:
+        await fs.write(f"{root}/tmp", b"new")
+        await fs.write(f"{root}/final", b"old")
+        with pytest.raises(FsRefused) as refused:
+            await fs.rename(f"{root}/tmp", f"{root}/final")
+        assert refused.value.code == "exists"
+        assert await fs.read(f"{root}/final") == b"old"
+        assert await fs.read(f"{root}/tmp") == b"new"
+        await fs.rename(f"{root}/tmp", f"{root}/final", overwrite=True)
+        assert await fs.read(f"{root}/final") == b"new"
+        assert not await fs.exists(f"{root}/tmp")
+        await fs.rename(f"{root}/final", f"{root}/moved/here")
+        assert await fs.read(f"{root}/moved/here") == b"new"
+        with pytest.raises(NotFound):
+            await fs.rename(f"{root}/final", f"{root}/other")
+
+
+async def test_directories_are_implied_listed_and_deleted_recursively(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Must hold: a directory exists when a file is under it or mkdirs made it; listing
+    gives direct children only (subdirectories as directories); stat and list of a
+    missing path are 404; a non-empty directory is deleted only recursively."""
+    root = _root(rng)
+    async with FsClient(ring.cluster.addresses[2], ring.secret) as fs:
+        with pytest.raises(NotFound):
+            await fs.stat(root)
+        with pytest.raises(NotFound):
+            await fs.list(root)
+        await fs.write(f"{root}/state/0/1.delta", b"a")
+        await fs.write(f"{root}/state/0/2.delta", b"bb")
+        await fs.write(f"{root}/metadata", b"{}")
+        assert await fs.mkdirs(f"{root}/offsets") is True
+        assert await fs.mkdirs(f"{root}/offsets") is False
+        assert (await fs.stat(f"{root}/state")).type == "directory"
+        assert (await fs.stat(f"{root}/offsets")).type == "directory"
+        listed = {(s.name, s.type, s.size) for s in await fs.list(root)}
+        assert listed == {
+            ("metadata", "file", 2),
+            ("offsets", "directory", 0),
+            ("state", "directory", 0),
+        }
+        assert [s.name for s in await fs.list(f"{root}/state/0")] == ["1.delta", "2.delta"]
+        with pytest.raises(FsRefused) as refused:
+            await fs.write(f"{root}/metadata/inner", b"x")
+        assert refused.value.code == "parent_is_file"
+        with pytest.raises(FsRefused) as refused:
+            await fs.write(f"{root}/state", b"x")
+        assert refused.value.code == "is_directory"
+        with pytest.raises(FsRefused) as refused:
+            await fs.delete(f"{root}/state")
+        assert refused.value.code == "not_empty"
+        assert await fs.delete(f"{root}/state", recursive=True) >= 2
+        assert not await fs.exists(f"{root}/state/0/1.delta")
+        assert not await fs.exists(f"{root}/state")
+        assert await fs.delete(f"{root}/nothing") == 0
+        assert {s.name for s in await fs.list(root)} == {"metadata", "offsets"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/fs/stat/a//b",
+        "/v1/fs/stat/a/../b",
+        "/v1/fs/stat/a/%2e%2e/b",
+        "/v1/fs/stat/a%2Fb/..",
+        "/v1/fs/stat/sp%20ace",
+        "/v1/fs/list/" + "x" * 600,
+        "/v1/fs/files/a?offset=-1",
+        "/v1/fs/files/a?length=99999999999999999999",
+    ],
+)
+async def test_bad_paths_and_numbers_are_refused(ring: LocalCluster, path: str) -> None:
+    """Must hold: malformed paths and numbers get 400 (or 404 for a route that does not
+    match), never 5xx, and the peer keeps answering."""
+    async with HttpProbe(ring.secret) as probe:
+        address = ring.cluster.addresses[0]
+        answer = await probe.signed(address, "GET", path)
+        assert answer.status in (400, 404), (path, answer.status, answer.body[:200])
+        assert (await probe.send(address, "GET", api.HEALTH.pattern)).status == 200
+
+
+async def test_a_body_that_does_not_match_its_signature_stores_nothing(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a PUT whose body differs from the one it signed (the digest covers the
+    body; it is streamed to the peer, not buffered before the check). Must hold: 401,
+    and no file appears."""
+    path = f"{_root(rng)}/forged"
+    address = ring.cluster.addresses[0]
+    async with HttpProbe(ring.secret) as probe:
+        path_qs = fs_api.fs_path(fs_api.FS_WRITE, path)
+        signed_for = b"y" * (INLINE_BYTES_MAX + 10)
+        headers = probe.signer.headers("PUT", path_qs, signed_for, target=address)
+        sent = b"x" * len(signed_for)
+        answer = await probe.send(address, "PUT", path_qs, body=sent, headers=headers)
+        assert answer.status == 401, answer.body[:200]
+    async with FsClient(address, ring.secret) as fs:
+        assert not await fs.exists(path)
+    with pytest.raises(AuthError):
+        async with FsClient(address, "a-wrong-secret-of-enough-length") as fs:
+            await fs.stat("/")
