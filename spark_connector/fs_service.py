@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import xxhash
 from aiohttp import web
 
+from recovery.executor import recover
 from ring import api, fs_api
 from ring.api import Route
 from ring.auth import AuthFailure
@@ -66,6 +67,11 @@ log = logging.getLogger(__name__)
 CAS_ATTEMPTS_MAX = 8
 # Records read at once when listing a directory or deleting one.
 CHILD_READS_MAX = 16
+# A read of at least this many chunks goes through recovery's executor (a plan along
+# star, line or tree), a window of RECOVERY_WINDOW_CHUNKS at a time; fewer are fetched
+# directly.
+RECOVERY_CHUNKS_MIN = 4
+RECOVERY_WINDOW_CHUNKS = 16
 # The body is read in pieces of this size.
 BODY_PIECE_BYTES = 256 * 1024
 
@@ -162,28 +168,44 @@ class Namespace:
             if stop <= offset or start >= end:
                 continue
             wanted.append((extent, max(offset, start) - start, min(end, stop) - start))
-        window = asyncio.Semaphore(self.client.options.transfers_max)
+        if len(wanted) < RECOVERY_CHUNKS_MIN:
+            fetched = await self._fetch_directly([extent.chunk_id for extent, _lo, _hi in wanted])
+            for extent, lo, hi in wanted:
+                yield _slice(fetched, extent)[lo:hi]
+            return
+        for first in range(0, len(wanted), RECOVERY_WINDOW_CHUNKS):
+            window = wanted[first : first + RECOVERY_WINDOW_CHUNKS]
+            fetched = await self._recover([extent.chunk_id for extent, _lo, _hi in window])
+            for extent, lo, hi in window:
+                yield _slice(fetched, extent)[lo:hi]
 
-        async def fetch(extent: Extent) -> bytes:
-            async with window:
-                raw = await self.client.chunks.fetch_chunk(extent.chunk_id)
-            if extent.offset + extent.length > len(raw):
-                raise DataUnavailable([extent.chunk_id], ["chunk shorter than its extent"])
-            return raw[extent.offset : extent.offset + extent.length]
+    async def _fetch_directly(self, chunk_ids: list[str]) -> dict[str, bytes]:
+        """A few chunks, each from the first of its replicas that serves it."""
+        fetched: dict[str, bytes] = {}
+        slots = asyncio.Semaphore(self.client.options.transfers_max)
 
-        tasks: list[asyncio.Task[bytes]] = []
+        async def one(chunk_id: str) -> None:
+            async with slots:
+                fetched[chunk_id] = await self.client.chunks.fetch_chunk(chunk_id)
+
         try:
             async with asyncio.TaskGroup() as group:
-                ahead = self.client.options.transfers_max
-                for extent, _lo, _hi in wanted[:ahead]:
-                    tasks.append(group.create_task(fetch(extent)))
-                for index, (_extent, lo, hi) in enumerate(wanted):
-                    data = await tasks[index]
-                    if index + ahead < len(wanted):
-                        tasks.append(group.create_task(fetch(wanted[index + ahead][0])))
-                    yield data[lo:hi]
+                for chunk_id in dict.fromkeys(chunk_ids):
+                    group.create_task(one(chunk_id))
         except BaseExceptionGroup as group_error:
             raise first_error(group_error) from None
+        return fetched
+
+    async def _recover(self, chunk_ids: list[str]) -> dict[str, bytes]:
+        """Many chunks, along the topology the cost model picks for the holders found
+        and the network measured (what a restart's big reads are)."""
+        fetched: dict[str, bytes] = {}
+
+        async def sink(chunk_id: str, raw: bytes | memoryview) -> None:
+            fetched[chunk_id] = bytes(raw)
+
+        await recover(self.client, list(dict.fromkeys(chunk_ids)), "auto", sink)
+        return fetched
 
     async def children(self, path: str) -> list[Stat]:
         """The direct children of the directory at ``path``, by name."""
@@ -431,6 +453,13 @@ class Namespace:
                 continue
             return True
         raise FsError(503, "contention", f"{path}: {CAS_ATTEMPTS_MAX} concurrent writers won")
+
+
+def _slice(fetched: dict[str, bytes], extent: Extent) -> bytes:
+    raw = fetched[extent.chunk_id]
+    if extent.offset + extent.length > len(raw):
+        raise DataUnavailable([extent.chunk_id], ["the chunk is shorter than its extent"])
+    return raw[extent.offset : extent.offset + extent.length]
 
 
 def _stat_of(path: str, record: RecordValue) -> Stat:
