@@ -53,6 +53,22 @@ async def test_files_read_back_whole_and_by_ranges_from_any_peer(
             assert await fs.read(f"{root}/small", 990, 100) == small[990:]
 
 
+async def test_a_file_of_many_chunks_reads_back_through_a_recovery_plan(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a file of 5 chunks (4 MiB each; reads of 4 or more go through recovery's
+    executor) read whole and across chunk boundaries. Must hold: byte-identical."""
+    path = f"{_root(rng)}/sst/000001.sst"
+    data = rng.randbytes(4 * 1024 * 1024 * 4 + 777)
+    async with FsClient(ring.cluster.addresses[3], ring.secret) as fs:
+        await fs.write(path, data)
+        assert await fs.read(path) == data
+        offset = 4 * 1024 * 1024 - 10
+        assert (
+            await fs.read(path, offset, 9 * 1024 * 1024) == data[offset : offset + 9 * 1024 * 1024]
+        )
+
+
 async def test_create_if_absent_has_exactly_one_winner(
     ring: LocalCluster, rng: random.Random
 ) -> None:
