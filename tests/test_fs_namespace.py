@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 from support import HttpProbe
@@ -18,6 +19,12 @@ from support import HttpProbe
 from ring import api, fs_api
 from ring.errors import AuthError, NotFound
 from spark_connector.files import INLINE_BYTES_MAX
+from spark_connector.fs_checkpoints import (
+    FsCheckpoint,
+    copy_to_local,
+    find_checkpoints,
+    forget_checkpoint,
+)
 from spark_connector.fs_client import FsClient, FsRefused
 from sr3.local import LocalCluster
 
@@ -207,3 +214,36 @@ async def test_a_body_that_does_not_match_its_signature_stores_nothing(
     with pytest.raises(AuthError):
         async with FsClient(address, "a-wrong-secret-of-enough-length") as fs:
             await fs.stat("/")
+
+
+async def test_checkpoints_are_found_copied_to_a_local_directory_and_forgotten(
+    ring: LocalCluster, rng: random.Random, tmp_path: Path
+) -> None:
+    """Must hold: a directory with an offsets log is found as a checkpoint with its
+    newest committed batch; a copy holds every file byte-identical but Spark's temporary
+    ones; forgetting removes everything under it."""
+    root = _root(rng)
+    files = {
+        "metadata": b'{"id":"q"}',
+        "offsets/0": b"v1 0",
+        "offsets/1": b"v1 1",
+        "offsets/2": b"v1 2",
+        "commits/0": b"c0",
+        "commits/1": b"c1",
+        "state/0/0/1.delta": rng.randbytes(5000),
+        "state/0/1/2.delta": rng.randbytes(300_000),
+        "state/0/1/.2.delta.5b3c.tmp": b"half",
+    }
+    async with FsClient(ring.cluster.addresses[4], ring.secret) as fs:
+        for name, data in files.items():
+            await fs.write(f"{root}/q1/{name}", data)
+        await fs.write(f"{root}/other/readme", b"not a checkpoint")
+        found = await find_checkpoints(fs, f"sr3://{root}")
+        assert found == [FsCheckpoint(f"{root}/q1", 1, 2)]
+        copied, _size = await copy_to_local(fs, f"sr3://{root}/q1", tmp_path / "q1")
+        assert copied == len(files) - 1
+        for name, data in files.items():
+            local = tmp_path / "q1" / name
+            assert (local.read_bytes() == data) if not name.endswith(".tmp") else not local.exists()
+        assert await forget_checkpoint(fs, f"sr3://{root}/q1") >= len(files)
+        assert await find_checkpoints(fs, root) == []
