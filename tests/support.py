@@ -180,6 +180,11 @@ class HttpProbe:
     async def __aexit__(self, *exc_info: object) -> None:
         await self._session.close()
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The session itself, for a test that reads an answer as it streams."""
+        return self._session
+
     async def send(
         self,
         address: str,

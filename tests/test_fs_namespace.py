@@ -13,8 +13,10 @@ import asyncio
 import random
 from pathlib import Path
 
+import aiohttp
 import pytest
-from support import HttpProbe
+from support import HttpProbe, MakeCluster
+from yarl import URL
 
 from ring import api, fs_api
 from ring.errors import AuthError, NotFound
@@ -247,3 +249,52 @@ async def test_checkpoints_are_found_copied_to_a_local_directory_and_forgotten(
             assert (local.read_bytes() == data) if not name.endswith(".tmp") else not local.exists()
         assert await forget_checkpoint(fs, f"sr3://{root}/q1") >= len(files)
         assert await find_checkpoints(fs, root) == []
+
+
+async def test_a_coordinator_killed_mid_write_leaves_the_file_whole(
+    make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Breaks: the peer coordinating a 40 MiB write is SIGKILLed while the body is on its
+    way. Must hold: the client finishes through the next seed (the retry carries the
+    same operation id, so it is not refused as "exists" if the first got through), and
+    the file reads back byte-identical."""
+    cluster = make_cluster(4)
+    first, second = cluster.cluster.addresses[:2]
+    path = f"{_root(rng)}/big.bin"
+    data = rng.randbytes(40 * 1024 * 1024)
+    async with FsClient([first, second], cluster.secret) as fs:
+        task = asyncio.ensure_future(fs.write(path, data))
+        await asyncio.sleep(0.15)
+        assert not task.done(), "the write ended before the kill: make it bigger"
+        await asyncio.to_thread(cluster.kill, cluster.cluster.peers[0].peer_id)
+        await task
+        assert await fs.read(path) == data
+
+
+async def test_a_coordinator_killed_mid_read_cuts_the_answer_short_never_silently(
+    make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Breaks: the peer answering a 40 MiB read is SIGKILLed after the first MiB went
+    out. Must hold: the reader gets an error for the rest (the answer's length is
+    declared up front), never a short body taken as the file; a client with a second
+    seed reads it whole."""
+    cluster = make_cluster(4)
+    first, second = cluster.cluster.addresses[:2]
+    path = f"{_root(rng)}/big.bin"
+    data = rng.randbytes(40 * 1024 * 1024)
+    async with FsClient(second, cluster.secret) as fs:
+        await fs.write(path, data)
+    path_qs = fs_api.fs_path(fs_api.FS_READ, path)
+    async with HttpProbe(cluster.secret) as probe:
+        headers = probe.signer.headers("GET", path_qs, None, target=first)
+        url = URL(f"http://{first}{path_qs}", encoded=True)
+        async with probe.session.get(url, headers=headers) as answer:
+            assert answer.status == 200
+            assert answer.content_length == len(data)
+            head = await answer.content.readexactly(1024 * 1024)
+            await asyncio.to_thread(cluster.kill, cluster.cluster.peers[0].peer_id)
+            with pytest.raises((aiohttp.ClientPayloadError, asyncio.IncompleteReadError)):
+                await answer.content.readexactly(len(data) - len(head))
+    assert head == data[: len(head)]
+    async with FsClient([first, second], cluster.secret) as fs:
+        assert await fs.read(path) == data
