@@ -10,7 +10,10 @@ and the peer stays up.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -298,3 +301,42 @@ async def test_a_coordinator_killed_mid_read_cuts_the_answer_short_never_silentl
     assert head == data[: len(head)]
     async with FsClient([first, second], cluster.secret) as fs:
         assert await fs.read(path) == data
+
+
+def _sr3(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    hidden = ("SR3_RING", "SR3_SECRET", "SR3_CLUSTER_FILE")
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    env["SR3_CLUSTER_FILE"] = str(cluster.cluster_file)
+    return subprocess.run(
+        [sys.executable, "-m", "sr3", *args],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+async def test_sr3_spark_list_restore_and_forget_see_sr3_checkpoints(
+    ring: LocalCluster, rng: random.Random, tmp_path: Path
+) -> None:
+    """Must hold: ``sr3 spark list`` shows an sr3:// checkpoint with its newest committed
+    batch, ``restore --from`` copies it into a local directory, ``forget --checkpoint``
+    deletes it; naming both kinds at once is a one-line error."""
+    name = f"q{rng.randrange(10**9)}"
+    root = f"/spark/cli-{name}"
+    async with FsClient(ring.ring, ring.secret) as fs:
+        for file in ("offsets/0", "offsets/1", "commits/0", "state/0/0/1.delta"):
+            await fs.write(f"{root}/{file}", file.encode())
+    listed = await asyncio.to_thread(_sr3, ring, "spark", "list", "--fs-root", root)
+    assert listed.returncode == 0, listed.stderr
+    assert f"sr3://{root}  latest committed 0" in listed.stdout, listed.stdout
+    copied = await asyncio.to_thread(
+        _sr3, ring, "spark", "restore", "--from", f"sr3://{root}", "--to", str(tmp_path / "c")
+    )
+    assert copied.returncode == 0, copied.stderr
+    assert (tmp_path / "c" / "state/0/0/1.delta").read_bytes() == b"state/0/0/1.delta"
+    both = await asyncio.to_thread(
+        _sr3, ring, "spark", "restore", "--query", name, "--from", f"sr3://{root}", "--to", "x"
+    )
+    assert both.returncode == 1 and "exactly one" in both.stderr, both.stderr
+    gone = await asyncio.to_thread(_sr3, ring, "spark", "forget", "--checkpoint", f"sr3://{root}")
+    assert gone.returncode == 0, gone.stderr
+    async with FsClient(ring.ring, ring.secret) as fs:
+        assert not await fs.exists(root)

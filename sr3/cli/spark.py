@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from ring.sync_client import SyncClient
 from sr3.cli._shared import describe_error, fail, fail_cleanly, ring_options, ring_settings
 
 if TYPE_CHECKING:
+    from spark_connector.fs_checkpoints import FsCheckpoint
     from spark_connector.restore import RestoreReport
 
 
@@ -24,35 +26,56 @@ def spark() -> None:
 
 @spark.command("list")
 @click.option("--query", help="Only this query.")
+@click.option("--fs-root", default="/spark", show_default=True,
+              help="Where to look for sr3:// checkpoints.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @ring_options
 @fail_cleanly
 def spark_list(
-    query: str | None, as_json: bool, ring: str | None, secret_file: Path | None
+    query: str | None, fs_root: str, as_json: bool, ring: str | None, secret_file: Path | None
 ) -> None:
-    """Queries with state on the ring and the batches kept for each."""
+    """Queries with state on the ring (pushed by StateSync) and the batches kept for
+    each, then the checkpoints Spark wrote to sr3:// under --fs-root."""
+    from spark_connector.fs_checkpoints import find_checkpoints
+    from spark_connector.fs_client import FsClient
     from spark_connector.sync import ring_queries
 
     settings = ring_settings(ring, secret_file)
     with SyncClient(settings.ring, settings.secret) as client:
         queries = ring_queries(client, query)
+
+    async def checkpoints() -> list[FsCheckpoint]:
+        async with FsClient(settings.ring, settings.secret) as fs:
+            return await find_checkpoints(fs, fs_root)
+
+    found = [] if query else asyncio.run(checkpoints())
     if as_json:
         entries = [
             {"query": name, "batches": batches, "latest": batches[-1]}
             for name, batches in queries.items()
         ]
-        click.echo(json.dumps({"queries": entries}, indent=2))
+        paths = [
+            {"checkpoint": f"sr3://{c.path}", "latest_committed": c.latest_committed} for c in found
+        ]
+        click.echo(json.dumps({"queries": entries, "checkpoints": paths}, indent=2))
         return
-    if not queries:
-        click.echo("no query has state on the ring")
+    if not queries and not found:
+        click.echo(f"no query has state on the ring, and no sr3:// checkpoint is under {fs_root}")
         return
     for name, batches in queries.items():
         shown = ", ".join(str(batch) for batch in batches)
         click.echo(f"{name}  latest {batches[-1]}  batches {shown}")
+    for checkpoint in found:
+        latest = checkpoint.latest_committed
+        click.echo(
+            f"sr3://{checkpoint.path}  latest committed "
+            + ("none" if latest is None else str(latest))
+        )
 
 
 @spark.command("restore")
-@click.option("--query", required=True, help="Name the query was registered under.")
+@click.option("--query", help="Name the query was registered under (StateSync).")
+@click.option("--from", "source", help="An sr3:// checkpoint to copy instead.")
 @click.option("--to", "target", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Checkpoint directory to create (empty or absent).")  # fmt: skip
 @click.option("--batch", "batch_id", type=click.IntRange(0), help="Batch (default: newest).")
@@ -62,13 +85,23 @@ def spark_list(
 @ring_options
 @fail_cleanly
 def spark_restore(
-    query: str, target: Path, batch_id: int | None, topology: str, overwrite: bool,
-    ring: str | None, secret_file: Path | None,
+    query: str | None, source: str | None, target: Path, batch_id: int | None, topology: str,
+    overwrite: bool, ring: str | None, secret_file: Path | None,
 ) -> None:  # fmt: skip
-    """Restore a query's checkpoint directory from the ring; start the query on it."""
+    """Restore a query's checkpoint directory from the ring (--query), or copy an sr3://
+    checkpoint into a local directory (--from); start the query on it."""
     from spark_connector.sync import StateSync
 
     settings = ring_settings(ring, secret_file)
+    if (query is None) == (source is None):
+        fail("name exactly one of --query (pushed by StateSync) and --from (an sr3:// path)")
+    if source is not None:
+        if batch_id is not None or overwrite:
+            fail("--batch and --overwrite go with --query; --from copies the whole checkpoint")
+        files, size = asyncio.run(_copy_checkpoint(settings.ring, settings.secret, source, target))
+        click.echo(f"copied {source} into {target}: {files} files, {size} bytes")
+        return
+    assert query is not None
     sync = StateSync(settings.ring, query, target, settings.secret)
     try:
         restored = sync.restore(topology, batch_id=batch_id, overwrite=overwrite)
@@ -100,19 +133,34 @@ def _restore_line(query: str, target: Path, restored: int, report: RestoreReport
 
 
 @spark.command("forget")
-@click.option("--query", required=True, help="Name the query was registered under.")
-@click.option("--keep", required=True, type=click.IntRange(0),
-              help="Newest batches to keep (0: forget the query).")  # fmt: skip
+@click.option("--query", help="Name the query was registered under (StateSync).")
+@click.option("--keep", type=click.IntRange(0),
+              help="Newest batches to keep (0: forget the query); with --query.")  # fmt: skip
+@click.option("--checkpoint", help="An sr3:// checkpoint to delete whole instead.")
 @ring_options
 @fail_cleanly
-def spark_forget(query: str, keep: int, ring: str | None, secret_file: Path | None) -> None:
+def spark_forget(
+    query: str | None, keep: int | None, checkpoint: str | None, ring: str | None,
+    secret_file: Path | None,
+) -> None:  # fmt: skip
     """Delete a query's older batches from the ring (peers collect their chunks once no
-    kept batch references them, after --gc-grace). Deletes what it can and says what is
-    left; exit code 1 when something is left or the ring has no such query."""
+    kept batch references them, after --gc-grace), or an sr3:// checkpoint whole (Spark
+    keeps its own history there). Deletes what it can and says what is left; exit code 1
+    when something is left or the ring has no such query."""
     from spark_connector.catalog import delete_manifest, query_batches
     from spark_connector.manifest import check_query_name
 
     settings = ring_settings(ring, secret_file)
+    if checkpoint is not None:
+        if query is not None or keep is not None:
+            fail("--checkpoint deletes a whole sr3:// checkpoint: no --query or --keep")
+        removed = asyncio.run(_forget_checkpoint(settings.ring, settings.secret, checkpoint))
+        if removed == 0:
+            fail(f"nothing at {checkpoint}")
+        click.echo(f"deleted {checkpoint}: {removed} files and directories")
+        return
+    if query is None or keep is None:
+        fail("name --query and --keep (or --checkpoint for an sr3:// checkpoint)")
     left: dict[int, SR3Error] = {}
     deleted: list[int] = []
     with SyncClient(settings.ring, settings.secret) as client:
@@ -141,6 +189,22 @@ def spark_forget(query: str, keep: int, ring: str | None, secret_file: Path | No
         problems.append(f"{', '.join(unseen)} did not answer: batches only they hold were not seen")
     if problems:
         fail(f"{query}: {'; '.join(problems)}; run the same command once the peers are back")
+
+
+async def _copy_checkpoint(ring: str, secret: str, source: str, target: Path) -> tuple[int, int]:
+    from spark_connector.fs_checkpoints import copy_to_local
+    from spark_connector.fs_client import FsClient
+
+    async with FsClient(ring, secret) as fs:
+        return await copy_to_local(fs, source, target)
+
+
+async def _forget_checkpoint(ring: str, secret: str, checkpoint: str) -> int:
+    from spark_connector.fs_checkpoints import forget_checkpoint
+    from spark_connector.fs_client import FsClient
+
+    async with FsClient(ring, secret) as fs:
+        return await forget_checkpoint(fs, checkpoint)
 
 
 def _unreachable_members(client: SyncClient) -> list[str]:
