@@ -20,14 +20,30 @@ seed for the member table before it knows the seed's advertised address.
 derived from the secret (``sr3 token metrics`` prints it) so that Prometheus can scrape
 without signing. It opens nothing else.
 
+A scoped credential (``sr3 token scoped``) signs like the secret, with a key derived
+for its claims instead, and names them in ``X-SR3-Credential``:
+
+    scope_root = HMAC(secret, "sr3-scoped-v1")
+    claims     = base64url(JSON {"expires", "issued", "prefix"})  (no padding, sorted keys)
+    key        = HMAC(scope_root, claims)
+    credential = "sr3c1." claims "." base64url(key)
+
+A peer derives the key from its secret and the claims it receives, so it verifies a
+credential from the secret alone (as AWS SigV4 derives its keys) and nothing is stored;
+it refuses an expired one. What the credential reaches (the file namespace under its
+prefix) is decided by the peer's guard (``ring.peer``), from ``Principal.prefix``.
+
 Responses are not signed: chunk bodies are verified by their content address, and the
 cluster network is assumed not to be actively hostile to responses.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
+import json
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
@@ -42,6 +58,7 @@ from ring.api import (
     parse_ascii_int,
 )
 from ring.errors import ProtocolError
+from ring.fs_api import validate_path
 
 __all__ = [
     "ANY_TARGET",
@@ -52,15 +69,26 @@ __all__ = [
     "HEADER_TIMESTAMP",
     "SCHEME",
     "SECRET_CHARS_MIN",
+    "FULL_ACCESS",
+    "HEADER_CREDENTIAL",
     "AuthFailure",
+    "Principal",
     "ReplayCache",
+    "ScopedCredential",
     "Signer",
     "Verifier",
     "generate_secret",
+    "is_credential",
     "metrics_token",
+    "parse_credential",
+    "scoped_credential",
 ]
 
 SCHEME = "SR3-HMAC-SHA256"
+CREDENTIAL_SCHEME = "sr3c1"
+HEADER_CREDENTIAL = "X-SR3-Credential"
+CREDENTIAL_CHARS_MAX = 1024
+_B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 ANY_TARGET = "*"
 TARGET_CHARS_MAX = 300
 SKEW_S_MAX = 120
@@ -103,11 +131,117 @@ def body_digest(body: bytes | memoryview | None) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class ScopedCredential:
+    """A credential limited to the file namespace under ``prefix`` until ``expires``."""
+
+    claims: str  # base64url of the claims' JSON, as sent in X-SR3-Credential
+    prefix: str
+    expires: int
+    issued: int
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who signed a request: the cluster secret (``prefix`` None) or a scoped
+    credential reaching the namespace under ``prefix``."""
+
+    prefix: str | None = None
+    expires: int = 0
+
+
+FULL_ACCESS = Principal()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str, what: str) -> bytes:
+    if not text or len(text) > CREDENTIAL_CHARS_MAX or not _B64URL.issuperset(text):
+        raise ProtocolError(f"malformed credential: {what} is not base64url")
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, binascii.Error) as exc:
+        raise ProtocolError(f"malformed credential: {what} is not base64url") from exc
+
+
+def _scope_key(secret: str, claims: str) -> bytes:
+    if len(secret) < SECRET_CHARS_MIN:
+        raise ValueError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
+    root = hmac.new(secret.encode(), b"sr3-scoped-v1", hashlib.sha256).digest()
+    return hmac.new(root, claims.encode("ascii"), hashlib.sha256).digest()
+
+
+def _normal_prefix(prefix: str) -> str:
+    text = "/" + prefix.strip("/") if prefix.strip("/") else "/"
+    return validate_path(text)
+
+
+def scoped_credential(secret: str, prefix: str, *, expires_at: int, issued_at: int) -> str:
+    """A credential for the file namespace under ``prefix`` (``spark/sessions`` or
+    ``/spark/sessions``; ``/`` for all of it) until ``expires_at`` (unix seconds)."""
+    if not 0 <= issued_at < expires_at <= TIMESTAMP_MAX:
+        raise ValueError("a credential expires after it is issued, within 12 digits")
+    claims_json = json.dumps(
+        {"expires": expires_at, "issued": issued_at, "prefix": _normal_prefix(prefix)},
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    claims = _b64(claims_json.encode())
+    return f"{CREDENTIAL_SCHEME}.{claims}.{_b64(_scope_key(secret, claims))}"
+
+
+def _parse_claims(claims: str) -> tuple[str, int, int]:
+    try:
+        data = json.loads(_unb64(claims, "claims"))
+    except ValueError as exc:
+        raise ProtocolError("malformed credential: claims are not JSON") from exc
+    if not isinstance(data, dict) or set(data) != {"expires", "issued", "prefix"}:
+        raise ProtocolError("malformed credential: claims are expires, issued and prefix")
+    prefix, expires, issued = data["prefix"], data["expires"], data["issued"]
+    for number in (expires, issued):
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, int)
+            or not 0 <= number <= TIMESTAMP_MAX
+        ):
+            raise ProtocolError("malformed credential: times are unix seconds")
+    if not isinstance(prefix, str) or _normal_prefix(prefix) != prefix:
+        raise ProtocolError("malformed credential: the prefix is a normalized absolute path")
+    return prefix, expires, issued
+
+
+def parse_credential(text: str) -> ScopedCredential:
+    """The credential ``scoped_credential`` made (``ProtocolError`` if malformed)."""
+    scheme, _, rest = text.strip().partition(".")
+    claims, _, key = rest.partition(".")
+    if scheme != CREDENTIAL_SCHEME or not claims or not key:
+        raise ProtocolError(f"a scoped credential reads {CREDENTIAL_SCHEME}.<claims>.<key>")
+    prefix, expires, issued = _parse_claims(claims)
+    raw_key = _unb64(key, "key")
+    if len(raw_key) != 32:
+        raise ProtocolError("malformed credential: the key is 32 bytes")
+    return ScopedCredential(claims, prefix, expires, issued, raw_key)
+
+
+def is_credential(text: str) -> bool:
+    return text.startswith(CREDENTIAL_SCHEME + ".")
+
+
 class Signer:
-    """Produces the signing headers for outgoing requests."""
+    """Produces the signing headers for outgoing requests, with the cluster secret or a
+    scoped credential (``sr3c1.``...) in its place."""
 
     def __init__(self, secret: str, clock: Callable[[], float]) -> None:
-        self._key = _signing_key(secret)
+        self._credential: str | None = None
+        if is_credential(secret):
+            credential = parse_credential(secret)
+            self._key = credential.key
+            self._credential = credential.claims
+        else:
+            self._key = _signing_key(secret)
         self._clock = clock
 
     def headers(
@@ -127,13 +261,16 @@ class Signer:
             _canonical(method, target, path_qs, timestamp, nonce, digest),
             hashlib.sha256,
         ).hexdigest()
-        return {
+        headers = {
             HEADER_TARGET: target,
             HEADER_TIMESTAMP: timestamp,
             HEADER_NONCE: nonce,
             HEADER_CONTENT_SHA256: digest,
             HEADER_AUTHORIZATION: f"{SCHEME} {signature}",
         }
+        if self._credential is not None:
+            headers[HEADER_CREDENTIAL] = self._credential
+        return headers
 
 
 class ReplayCache:
@@ -206,6 +343,7 @@ class Verifier:
     """Checks incoming requests against the cluster secret."""
 
     def __init__(self, secret: str, clock: Callable[[], float]) -> None:
+        self._secret = secret
         self._key = _signing_key(secret)
         self._metrics_token = metrics_token(secret)
         self._clock = clock
@@ -223,8 +361,29 @@ class Verifier:
 
         ``targets`` are the addresses (and ``*`` where allowed) this peer answers to.
         """
+        return self.authenticate(method, path_qs, headers, targets)[0]
+
+    def authenticate(
+        self,
+        method: str,
+        path_qs: str,
+        headers: Mapping[str, str],
+        targets: Collection[str] = (ANY_TARGET,),
+    ) -> tuple[str, Principal]:
+        """``verify_headers``, and who signed: the secret or a scoped credential (its
+        claims checked, expiry enforced, its key derived from the secret)."""
         parsed = _parse(headers)
         now = self._clock()
+        key, principal = self._key, FULL_ACCESS
+        claims = headers.get(HEADER_CREDENTIAL)
+        if claims is not None:
+            try:
+                prefix, expires, _issued = _parse_claims(claims)
+            except ProtocolError as exc:
+                raise AuthFailure(str(exc)) from exc
+            if now >= expires:
+                raise AuthFailure("credential expired")
+            key, principal = _scope_key(self._secret, claims), Principal(prefix, expires)
         if abs(now - parsed.timestamp) > SKEW_S_MAX:
             raise AuthFailure("request timestamp outside the allowed clock skew")
         canonical = _canonical(
@@ -235,14 +394,14 @@ class Verifier:
             parsed.nonce,
             parsed.body_sha256,
         )
-        expected = hmac.new(self._key, canonical, hashlib.sha256).hexdigest()
+        expected = hmac.new(key, canonical, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, parsed.signature):
             raise AuthFailure("bad signature")
         if parsed.target not in targets:
             raise AuthFailure(f"request was signed for another peer ({parsed.target[:80]})")
         if not self._replays.check_and_add(parsed.nonce, now):
             raise AuthFailure("replayed request")
-        return parsed.body_sha256
+        return parsed.body_sha256, principal
 
     @staticmethod
     def verify_body(signed_digest: str, body: bytes | memoryview | None) -> None:

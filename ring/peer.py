@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ring import api, codec, fs_api, paxos
 from ring.api import Route
-from ring.auth import ANY_TARGET, AuthFailure, Verifier
+from ring.auth import ANY_TARGET, AuthFailure, Principal, Verifier
 from ring.consensus import Syncing, ViewMismatch
 from ring.errors import (
     ChunkCorrupt,
@@ -59,11 +59,42 @@ AppExtension = Callable[[web.Application, Node], None]
 SIGNED_BODY_SHA256 = "sr3.signed_body_sha256"
 
 
-# aiohttp names a resource by its pattern without the variables' regular expressions.
-_STREAMED_BODY = frozenset(
-    (route.method, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.pattern))
-    for route in fs_api.STREAMED_BODY_ROUTES
-)
+def _canonical(route: Route) -> tuple[str, str]:
+    """``(method, pattern)`` as aiohttp names a matched resource: the pattern without the
+    variables' regular expressions."""
+    return route.method, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.pattern)
+
+
+_STREAMED_BODY = frozenset(_canonical(route) for route in fs_api.STREAMED_BODY_ROUTES)
+# What a scoped credential may reach: the member table (to find peers), and the file
+# namespace's routes for paths under its prefix.
+_SCOPED_ROUTES = {_canonical(route): route for route in fs_api.FS_ROUTES}
+_SCOPED_OPEN = frozenset({_canonical(api.RING)})
+
+
+class Forbidden(Exception):
+    """Valid credentials that do not reach what the request asks. The peer answers 403."""
+
+
+def _authorize(request: web.Request, principal: Principal) -> None:
+    """A scoped credential reaches only the file namespace under its prefix."""
+    prefix = principal.prefix
+    if prefix is None:
+        return
+    resource = request.match_info.route.resource
+    key = (request.method, resource.canonical if resource is not None else "")
+    if key in _SCOPED_OPEN:
+        return
+    route = _SCOPED_ROUTES.get(key)
+    if route is None:
+        raise Forbidden(f"a credential scoped to {prefix} reaches only files under it")
+    for path in fs_api.paths_of(route, request.match_info, request.query):
+        if not _under(path, prefix):
+            raise Forbidden(f"{path[:200]} is outside {prefix}, the credential's prefix")
+
+
+def _under(path: str, prefix: str) -> bool:
+    return prefix in (fs_api.ROOT, path) or path.startswith(prefix + "/")
 
 
 def _streamed_body(request: web.Request) -> bool:
@@ -201,6 +232,9 @@ class Peer:
         except AuthFailure as exc:
             self.metrics.auth_failures.inc()
             response = _error(401, "unauthorized", str(exc))
+        except Forbidden as exc:
+            self.metrics.auth_failures.inc()
+            response = _error(403, "forbidden", str(exc))
         except web.HTTPException as exc:
             response = _error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
         except Exception as exc:
@@ -222,9 +256,10 @@ class Peer:
         targets = self.addresses
         if Route(request.method, request.path) in api.ANY_TARGET_ROUTES:
             targets = self.addresses | {ANY_TARGET}
-        digest = self.verifier.verify_headers(
+        digest, principal = self.verifier.authenticate(
             request.method, request.raw_path, request.headers, targets
         )
+        _authorize(request, principal)
         if _streamed_body(request):
             # Read (bounded) and checked against the digest by the handler as it goes.
             request[SIGNED_BODY_SHA256] = digest

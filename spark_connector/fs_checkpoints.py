@@ -37,7 +37,7 @@ class FsCheckpoint:
 
 
 def fs_path_of(uri_or_path: str) -> str:
-    """``sr3:///a/b``, ``sr3:/a/b`` or ``/a/b`` as the namespace path ``/a/b``."""
+    """``sr3:///a/b``, ``sr3:/a/b``, ``/a/b`` or ``a/b`` as the namespace path ``/a/b``."""
     text = uri_or_path
     if text.startswith(SCHEME):
         text = text[len(SCHEME) :]
@@ -45,7 +45,7 @@ def fs_path_of(uri_or_path: str) -> str:
             raise SR3Error(f"{uri_or_path}: sr3:// paths have no host (sr3:///a/b)")
     elif text.startswith("sr3:"):
         text = text[len("sr3:") :]
-    text = text.rstrip("/") or ROOT
+    text = "/" + text.strip("/") if text.strip("/") else ROOT
     return validate_path(text)
 
 

@@ -8,6 +8,7 @@ import contextlib
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -29,11 +30,12 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from ring.auth import metrics_token
+from ring.auth import metrics_token, scoped_credential
 from ring.client import Client, RingStatus
 from ring.client.client import FileInfo
 from ring.config import ClusterFile, Settings, cluster_file_path
-from ring.errors import NotFound, SR3Error
+from ring.errors import NotFound, ProtocolError, SR3Error
+from spark_connector.fs_checkpoints import fs_path_of
 from sr3.cli._shared import (
     describe_os_error,
     fail,
@@ -371,3 +373,41 @@ def token() -> None:
 def token_metrics(ring: str | None, secret_file: Path | None) -> None:
     """Print the bearer token that GET /metrics accepts (read-only, metrics only)."""
     click.echo(metrics_token(ring_settings(ring, secret_file).secret))
+
+
+# A scoped credential lives at most this long; rotate by issuing a new one before then.
+CREDENTIAL_DAYS_MAX = 366
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration_s(text: str) -> int:
+    number, unit = text[:-1], text[-1:]
+    if unit not in _DURATION_UNITS or not number.isdigit() or len(number) > 9:
+        raise click.BadParameter(f"{text!r}: a number then s, m, h or d (30d, 12h)")
+    seconds = int(number) * _DURATION_UNITS[unit]
+    if not 0 < seconds <= CREDENTIAL_DAYS_MAX * 86400:
+        raise click.BadParameter(f"between 1 s and {CREDENTIAL_DAYS_MAX} days")
+    return seconds
+
+
+@token.command("scoped")
+@click.option("--prefix", required=True,
+              help="The sr3:// path the credential reaches (spark/sessions).")  # fmt: skip
+@click.option("--expires", default="30d", show_default=True,
+              help="Lifetime: Ns, Nm, Nh or Nd, at most 366d.")  # fmt: skip
+@ring_options
+@fail_cleanly
+def token_scoped(prefix: str, expires: str, ring: str | None, secret_file: Path | None) -> None:
+    """Print a credential limited to the file namespace under --prefix: what Spark's
+    executors hold instead of the cluster secret. Peers verify it from the secret;
+    rotating the secret revokes every credential derived from it."""
+    lifetime_s = _duration_s(expires)
+    now = int(time.time())
+    secret = ring_settings(ring, secret_file).secret
+    try:
+        credential = scoped_credential(
+            secret, fs_path_of(prefix), expires_at=now + lifetime_s, issued_at=now
+        )
+    except (ProtocolError, SR3Error) as exc:
+        raise click.BadParameter(str(exc), param_hint="--prefix") from exc
+    click.echo(credential)
