@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint check bench clean
+.PHONY: install demo test lint check bench clean jar
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ install: $(STAMP)
 
 demo: install
 	$(VENV)/bin/sr3 demo
+
+jar: install
+	$(PY) -c "from spark_connector.jar import fs_jar; print(fs_jar())"
 
 lint: install
 	$(PY) -m ruff check .

@@ -1,0 +1,328 @@
+package sr3.hadoop;
+
+import java.io.BufferedReader;
+import java.io.FileNotFoundException;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.EnumSet;
+import java.util.List;
+import java.util.Random;
+import java.util.concurrent.Callable;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.CreateFlag;
+import org.apache.hadoop.fs.FSDataInputStream;
+import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FileAlreadyExistsException;
+import org.apache.hadoop.fs.FileContext;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Options;
+import org.apache.hadoop.fs.Path;
+
+/**
+ * The FileSystem contract Spark relies on, checked through the Hadoop API against a
+ * running ring. One line per check (PASS or FAIL, name, detail); exit code 1 if any
+ * failed.
+ *
+ * <pre>
+ *   ContractCheck contract ROOT          every check, under the sr3 path ROOT
+ *   ContractCheck read-across-kill PATH  write PATH (40 MiB), read its first block, print
+ *                                        READY, wait for a line on stdin, read the rest
+ *   ContractCheck write-across-kill PATH write 20 MiB to PATH, print READY, wait for a
+ *                                        line, write 20 MiB more, close, read it back
+ * </pre>
+ *
+ * The ring and credential come from the system properties fs.sr3.ring and
+ * fs.sr3.credential (or fs.sr3.secret).
+ */
+public final class ContractCheck {
+  private static final int MIB = 1024 * 1024;
+  private final List<String> failures = new ArrayList<>();
+  private final FileSystem fs;
+  private final Configuration conf;
+
+  private ContractCheck(Configuration conf) throws IOException {
+    this.conf = conf;
+    this.fs = FileSystem.get(java.net.URI.create("sr3:///"), conf);
+  }
+
+  private interface Check {
+    String run() throws Exception;
+  }
+
+  private interface Action {
+    Object run() throws Exception;
+  }
+
+  private void check(String name, Check check) {
+    try {
+      String detail = check.run();
+      System.out.println("PASS " + name + (detail.isEmpty() ? "" : " " + detail));
+    } catch (Throwable e) {
+      failures.add(name);
+      System.out.println("FAIL " + name + " " + e);
+    }
+    System.out.flush();
+  }
+
+  private static void expect(boolean condition, String what) {
+    if (!condition) {
+      throw new AssertionError(what);
+    }
+  }
+
+  private static byte[] bytes(long seed, int size) {
+    byte[] data = new byte[size];
+    new Random(seed).nextBytes(data);
+    return data;
+  }
+
+  private void write(Path path, byte[] data, boolean overwrite) throws IOException {
+    try (FSDataOutputStream out = fs.create(path, overwrite)) {
+      int offset = 0;
+      while (offset < data.length) {
+        int length = Math.min(1_000_003, data.length - offset);
+        out.write(data, offset, length);
+        offset += length;
+      }
+    }
+  }
+
+  private byte[] readAll(Path path) throws IOException {
+    long size = fs.getFileStatus(path).getLen();
+    byte[] data = new byte[(int) size];
+    try (FSDataInputStream in = fs.open(path)) {
+      in.readFully(0, data);
+    }
+    return data;
+  }
+
+  private static <T extends Throwable> T thrown(Class<T> type, Action body) throws Exception {
+    try {
+      body.run();
+    } catch (Throwable e) {
+      if (type.isInstance(e)) {
+        return type.cast(e);
+      }
+      throw new AssertionError("expected " + type.getSimpleName() + ", got " + e, e);
+    }
+    throw new AssertionError("expected " + type.getSimpleName() + ", nothing thrown");
+  }
+
+  private void contract(String root) throws Exception {
+    Path base = new Path(root);
+    byte[] small = bytes(1, 1000);
+    byte[] large = bytes(2, 20 * MIB + 12345);
+    check("create and read a small file", () -> {
+      write(new Path(base, "small"), small, false);
+      expect(Arrays.equals(readAll(new Path(base, "small")), small), "bytes differ");
+      return "";
+    });
+    check("create and read a file above the memory buffer (spilled)", () -> {
+      write(new Path(base, "dir/large.bin"), large, false);
+      expect(Arrays.equals(readAll(new Path(base, "dir/large.bin")), large), "bytes differ");
+      return large.length + " bytes";
+    });
+    check("seeks and positioned reads", () -> {
+      Random random = new Random(3);
+      try (FSDataInputStream in = fs.open(new Path(base, "dir/large.bin"))) {
+        for (int i = 0; i < 40; i++) {
+          int at = random.nextInt(large.length);
+          int length = Math.min(random.nextInt(3 * MIB) + 1, large.length - at);
+          byte[] got = new byte[length];
+          if (i % 2 == 0) {
+            in.seek(at);
+            in.readFully(got);
+            expect(in.getPos() == at + length, "position after read");
+          } else {
+            long before = in.getPos();
+            in.readFully(at, got);
+            expect(in.getPos() == before, "a positioned read moved the position");
+          }
+          expect(Arrays.equals(got, Arrays.copyOfRange(large, at, at + length)), "range " + at);
+        }
+        in.seek(large.length);
+        expect(in.read() == -1, "read at the end");
+      }
+      return "";
+    });
+    check("getFileStatus: sizes, types, mtimes", () -> {
+      FileStatus file = fs.getFileStatus(new Path(base, "dir/large.bin"));
+      FileStatus dir = fs.getFileStatus(new Path(base, "dir"));
+      expect(file.isFile() && file.getLen() == large.length, "file status " + file);
+      expect(dir.isDirectory(), "dir status " + dir);
+      long now = System.currentTimeMillis();
+      expect(Math.abs(now - file.getModificationTime()) < 600_000, "mtime " + file.getModificationTime());
+      return "";
+    });
+    check("missing paths throw FileNotFoundException", () -> {
+      thrown(FileNotFoundException.class, () -> fs.getFileStatus(new Path(base, "nothing")));
+      thrown(FileNotFoundException.class, () -> fs.listStatus(new Path(base, "nothing")));
+      thrown(FileNotFoundException.class, () -> fs.open(new Path(base, "nothing")));
+      expect(!fs.exists(new Path(base, "nothing")), "exists");
+      return "";
+    });
+    check("create without overwrite on an existing file fails", () -> {
+      thrown(FileAlreadyExistsException.class, () -> {
+        write(new Path(base, "small"), bytes(9, 10), false);
+        return "";
+      });
+      expect(Arrays.equals(readAll(new Path(base, "small")), small), "the file changed");
+      write(new Path(base, "small"), bytes(9, 10), true);
+      expect(Arrays.equals(readAll(new Path(base, "small")), bytes(9, 10)), "overwrite");
+      return "";
+    });
+    check("listStatus and mkdirs", () -> {
+      fs.mkdirs(new Path(base, "empty/inner"));
+      FileStatus[] listed = fs.listStatus(base);
+      List<String> names = new ArrayList<>();
+      for (FileStatus status : listed) {
+        names.add(status.getPath().getName() + (status.isDirectory() ? "/" : ""));
+      }
+      expect(names.equals(List.of("dir/", "empty/", "small")), "listed " + names);
+      expect(fs.getFileStatus(new Path(base, "empty/inner")).isDirectory(), "mkdirs");
+      return names.toString();
+    });
+    check("rename: to a free path, refused onto an existing file, into a directory", () -> {
+      write(new Path(base, "r/a"), bytes(4, 100), false);
+      write(new Path(base, "r/b"), bytes(5, 100), false);
+      expect(!fs.rename(new Path(base, "r/a"), new Path(base, "r/b")), "renamed onto a file");
+      expect(Arrays.equals(readAll(new Path(base, "r/b")), bytes(5, 100)), "target changed");
+      expect(fs.rename(new Path(base, "r/a"), new Path(base, "r/c")), "rename to a free path");
+      expect(!fs.exists(new Path(base, "r/a")), "source left");
+      expect(!fs.rename(new Path(base, "r/missing"), new Path(base, "r/d")), "missing source");
+      fs.mkdirs(new Path(base, "r/into"));
+      expect(fs.rename(new Path(base, "r/c"), new Path(base, "r/into")), "rename into a dir");
+      expect(Arrays.equals(readAll(new Path(base, "r/into/c")), bytes(4, 100)), "moved bytes");
+      return "";
+    });
+    check("FileContext rename OVERWRITE replaces; NONE refuses", () -> {
+      FileContext fc = FileContext.getFileContext(java.net.URI.create("sr3:///"), conf);
+      write(new Path(base, "fc/tmp"), bytes(6, 5000), false);
+      write(new Path(base, "fc/final"), bytes(7, 5000), false);
+      thrown(FileAlreadyExistsException.class, () -> {
+        fc.rename(new Path(base, "fc/tmp"), new Path(base, "fc/final"), Options.Rename.NONE);
+        return "";
+      });
+      fc.rename(new Path(base, "fc/tmp"), new Path(base, "fc/final"), Options.Rename.OVERWRITE);
+      expect(Arrays.equals(readAll(new Path(base, "fc/final")), bytes(6, 5000)), "replaced");
+      expect(!fs.exists(new Path(base, "fc/tmp")), "source left");
+      try (FSDataOutputStream out =
+          fc.create(new Path(base, "fc/created"), EnumSet.of(CreateFlag.CREATE, CreateFlag.OVERWRITE))) {
+        out.write(small);
+      }
+      expect(Arrays.equals(readAll(new Path(base, "fc/created")), small), "FileContext create");
+      return "";
+    });
+    check("16 threads create one path without overwrite: exactly one wins", () -> {
+      Path contested = new Path(base, "contested");
+      ExecutorService pool = Executors.newFixedThreadPool(16);
+      List<Future<Boolean>> results = new ArrayList<>();
+      for (int i = 0; i < 16; i++) {
+        final int writer = i;
+        Callable<Boolean> create = () -> {
+          try (FSDataOutputStream out = fs.create(contested, false)) {
+            out.write(("writer " + writer).getBytes(StandardCharsets.UTF_8));
+          } catch (FileAlreadyExistsException e) {
+            return false;
+          }
+          return true;
+        };
+        results.add(pool.submit(create));
+      }
+      int wins = 0;
+      for (Future<Boolean> result : results) {
+        wins += result.get() ? 1 : 0;
+      }
+      pool.shutdown();
+      expect(wins == 1, wins + " writers won");
+      String text = new String(readAll(contested), StandardCharsets.UTF_8);
+      expect(text.startsWith("writer "), "content " + text);
+      return "";
+    });
+    check("delete: a file, a non-empty directory only recursively", () -> {
+      expect(fs.delete(new Path(base, "small"), false), "file delete");
+      expect(!fs.exists(new Path(base, "small")), "file still there");
+      thrown(IOException.class, () -> fs.delete(new Path(base, "dir"), false));
+      expect(fs.delete(new Path(base, "dir"), true), "recursive delete");
+      expect(!fs.exists(new Path(base, "dir/large.bin")), "child still there");
+      expect(!fs.delete(new Path(base, "nothing"), false), "deleting nothing");
+      return "";
+    });
+    check("append is unsupported", () -> {
+      thrown(IOException.class, () -> fs.append(new Path(base, "contested")));
+      return "";
+    });
+  }
+
+  private static String awaitLine() throws IOException {
+    System.out.println("READY");
+    System.out.flush();
+    return new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8)).readLine();
+  }
+
+  private void readAcrossKill(String file) throws Exception {
+    Path path = new Path(file);
+    byte[] data = bytes(11, 40 * MIB);
+    write(path, data, true);
+    check("a read goes on through another peer after a kill", () -> {
+      byte[] got = new byte[data.length];
+      try (FSDataInputStream in = fs.open(path)) {
+        in.readFully(got, 0, MIB);
+        awaitLine();
+        in.readFully(got, MIB, data.length - MIB);
+      }
+      expect(Arrays.equals(got, data), "bytes differ");
+      return "";
+    });
+  }
+
+  private void writeAcrossKill(String file) throws Exception {
+    Path path = new Path(file);
+    byte[] data = bytes(12, 40 * MIB);
+    check("a write goes on through another peer after a kill", () -> {
+      try (FSDataOutputStream out = fs.create(path, true)) {
+        out.write(data, 0, data.length / 2);
+        awaitLine();
+        out.write(data, data.length / 2, data.length - data.length / 2);
+      }
+      expect(Arrays.equals(readAll(path), data), "bytes differ");
+      return "";
+    });
+  }
+
+  public static void main(String[] args) throws Exception {
+    if (args.length != 2) {
+      System.err.println("usage: ContractCheck contract|read-across-kill|write-across-kill PATH");
+      System.exit(2);
+    }
+    Configuration conf = new Configuration(false);
+    for (String key : new String[] {"fs.sr3.ring", "fs.sr3.credential", "fs.sr3.secret"}) {
+      String value = System.getProperty(key);
+      if (value != null) {
+        conf.set(key, value);
+      }
+    }
+    conf.set("fs.sr3.impl", Sr3FileSystem.class.getName());
+    conf.set("fs.AbstractFileSystem.sr3.impl", Sr3Fs.class.getName());
+    conf.setBoolean("fs.sr3.impl.disable.cache", true);
+    ContractCheck checker = new ContractCheck(conf);
+    switch (args[0]) {
+      case "contract" -> checker.contract(args[1]);
+      case "read-across-kill" -> checker.readAcrossKill(args[1]);
+      case "write-across-kill" -> checker.writeAcrossKill(args[1]);
+      default -> {
+        System.err.println("unknown mode " + args[0]);
+        System.exit(2);
+      }
+    }
+    checker.fs.close();
+    System.exit(checker.failures.isEmpty() ? 0 : 1);
+  }
+}

@@ -1,0 +1,141 @@
+package sr3.hadoop;
+
+import java.io.EOFException;
+import java.io.IOException;
+import org.apache.hadoop.fs.FSInputStream;
+
+/**
+ * A file of the namespace read in blocks (GET with offset and length): seekable, with
+ * positioned reads that leave the position alone. Every block is checked to be exactly
+ * the length asked for; a short answer is an error, never a short file.
+ */
+final class Sr3InputStream extends FSInputStream {
+  private final Sr3Client client;
+  private final String path;
+  private final long size;
+  private final int blockBytes;
+  private long position;
+  private byte[] block = new byte[0];
+  private long blockStart;
+  private boolean closed;
+
+  Sr3InputStream(Sr3Client client, String path, long size, int blockBytes) {
+    this.client = client;
+    this.path = path;
+    this.size = size;
+    this.blockBytes = blockBytes;
+  }
+
+  private void checkOpen() throws IOException {
+    if (closed) {
+      throw new IOException("sr3: " + path + ": stream closed");
+    }
+  }
+
+  private byte[] fetch(long offset, int length) throws IOException {
+    String pathQs =
+        Sr3Client.route("files", path) + "?offset=" + offset + "&length=" + length;
+    Sr3Client.Answer answer = client.send("GET", pathQs, Sr3Client.Body.NONE);
+    if (answer.status() != 200) {
+      throw Sr3Client.refusal(path, answer);
+    }
+    if (answer.body().length != length) {
+      throw new IOException(
+          "sr3: " + path + ": read " + answer.body().length + " of " + length
+              + " bytes at " + offset + " (the file changed while it was read?)");
+    }
+    return answer.body();
+  }
+
+  /** Makes the block hold {@code offset}; false at the end of the file. */
+  private boolean cover(long offset) throws IOException {
+    if (offset >= size) {
+      return false;
+    }
+    if (offset >= blockStart && offset < blockStart + block.length) {
+      return true;
+    }
+    int length = (int) Math.min(blockBytes, size - offset);
+    block = fetch(offset, length);
+    blockStart = offset;
+    return true;
+  }
+
+  @Override
+  public synchronized int read() throws IOException {
+    checkOpen();
+    if (!cover(position)) {
+      return -1;
+    }
+    int value = block[(int) (position - blockStart)] & 0xff;
+    position++;
+    return value;
+  }
+
+  @Override
+  public synchronized int read(byte[] buffer, int offset, int length) throws IOException {
+    checkOpen();
+    if (length == 0) {
+      return 0;
+    }
+    if (!cover(position)) {
+      return -1;
+    }
+    int start = (int) (position - blockStart);
+    int count = Math.min(length, block.length - start);
+    System.arraycopy(block, start, buffer, offset, count);
+    position += count;
+    return count;
+  }
+
+  @Override
+  public synchronized int read(long at, byte[] buffer, int offset, int length)
+      throws IOException {
+    checkOpen();
+    if (at < 0) {
+      throw new EOFException("sr3: negative position " + at);
+    }
+    if (at >= size || length == 0) {
+      return length == 0 ? 0 : -1;
+    }
+    int count = (int) Math.min(length, size - at);
+    if (at >= blockStart && at + count <= blockStart + block.length) {
+      System.arraycopy(block, (int) (at - blockStart), buffer, offset, count);
+      return count;
+    }
+    byte[] data = fetch(at, count);
+    System.arraycopy(data, 0, buffer, offset, count);
+    return count;
+  }
+
+  @Override
+  public synchronized void seek(long target) throws IOException {
+    checkOpen();
+    if (target < 0 || target > size) {
+      throw new EOFException("sr3: cannot seek to " + target + " in a file of " + size + " bytes");
+    }
+    position = target;
+  }
+
+  @Override
+  public synchronized long getPos() {
+    return position;
+  }
+
+  @Override
+  public boolean seekToNewSource(long target) {
+    return false;
+  }
+
+  @Override
+  public synchronized int available() throws IOException {
+    checkOpen();
+    return (int) Math.min(Integer.MAX_VALUE, size - position);
+  }
+
+  @Override
+  public synchronized void close() {
+    closed = true;
+    block = new byte[0];
+  }
+}
