@@ -303,7 +303,8 @@ public final class ContractCheck {
       System.exit(2);
     }
     Configuration conf = new Configuration(false);
-    for (String key : new String[] {"fs.sr3.ring", "fs.sr3.credential", "fs.sr3.secret"}) {
+    String[] keys = {"fs.sr3.ring", "fs.sr3.credential", "fs.sr3.secret", "fs.sr3.seeds.shuffle"};
+    for (String key : keys) {
       String value = System.getProperty(key);
       if (value != null) {
         conf.set(key, value);

@@ -38,6 +38,8 @@ final class Sr3Client implements Closeable {
   static final String CONF_TIMEOUT_MS = "fs.sr3.timeout.ms";
   static final String CONF_CONNECT_TIMEOUT_MS = "fs.sr3.connect.timeout.ms";
   static final String CONF_RETRIES = "fs.sr3.retries";
+  /** false: start with the first seed (tests); true: a random one, spreading executors. */
+  static final String CONF_SEEDS_SHUFFLE = "fs.sr3.seeds.shuffle";
   static final long TIMEOUT_MS_DEFAULT = 60_000;
   static final long CONNECT_TIMEOUT_MS_DEFAULT = 5_000;
   static final int RETRIES_DEFAULT = 3;
@@ -115,7 +117,7 @@ final class Sr3Client implements Closeable {
                     bounded(conf, CONF_CONNECT_TIMEOUT_MS, CONNECT_TIMEOUT_MS_DEFAULT, 120_000)))
             .version(HttpClient.Version.HTTP_1_1)
             .build();
-    next = RANDOM.nextInt(seeds.size());
+    next = conf.getBoolean(CONF_SEEDS_SHUFFLE, true) ? RANDOM.nextInt(seeds.size()) : 0;
   }
 
   private static long bounded(Configuration conf, String name, long fallback, long maximum)
