@@ -5,10 +5,15 @@ The consistent cut of a checkpoint per committed batch (``cut``, read from disk 
 to the ring (``push``: by hand or from a ``StreamingQueryListener`` after every commit),
 keeps the newest few per query (``catalog``), and restores the newest (or a given) one
 along a recovery topology (``restore``).
+
+On a cluster, executors write state straight to the ring through the ``sr3://`` Hadoop
+FileSystem (Java, ``java/``, built by ``jar``) and the namespace peers serve
+(``fs_service``); ``spark_conf`` gives a session what it needs for it.
 """
 
 from spark_connector.catalog import forget, ring_queries
 from spark_connector.checkpoint import read_cut
+from spark_connector.conf import spark_conf
 from spark_connector.cut import CheckpointError, Cut, FileEntry
 from spark_connector.manifest import Manifest
 from spark_connector.push import PushReport
@@ -26,4 +31,5 @@ __all__ = [
     "forget",
     "read_cut",
     "ring_queries",
+    "spark_conf",
 ]

@@ -1,0 +1,64 @@
+"""What a SparkSession needs to checkpoint to ``sr3://`` (``spark_conf``).
+
+    for key, value in spark_conf(prefix="spark/").items():
+        builder = builder.config(key, value)
+
+The conf names the jar of the Java FileSystem (built on first use, ``spark.jars``: merge
+it with jars of your own), the FileSystem classes, the seeds, and a credential scoped to
+``prefix``: minted here from the cluster secret, so the secret itself never reaches a
+conf, an executor or a log. ``sr3 spark conf`` prints the same as ``--conf`` flags.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ring.auth import is_credential, parse_credential, scoped_credential
+from ring.client.view import parse_seeds
+from ring.config import resolve
+from ring.errors import ConfigError, ProtocolError
+from spark_connector.fs_checkpoints import fs_path_of
+from spark_connector.jar import JAR_CLASSES, fs_jar
+
+__all__ = ["CREDENTIAL_S_DEFAULT", "spark_conf"]
+
+CREDENTIAL_S_DEFAULT = 30 * 86400
+CREDENTIAL_S_MAX = 366 * 86400
+
+
+def spark_conf(
+    ring: str | None = None,
+    secret: str | None = None,
+    credential: str | None = None,
+    prefix: str = "spark/",
+    *,
+    expires_s: int = CREDENTIAL_S_DEFAULT,
+) -> dict[str, str]:
+    """Every conf a session needs for ``sr3://`` paths under ``prefix``. Ring and secret
+    are found as for ``Client`` (arguments, ``SR3_RING``/``SR3_SECRET``, the cluster
+    file); given ``credential`` (``sr3 token scoped``), the secret is not needed."""
+    if not 0 < expires_s <= CREDENTIAL_S_MAX:
+        raise ConfigError(f"a credential lives 1 s to {CREDENTIAL_S_MAX // 86400} days")
+    if credential is not None:
+        if not is_credential(credential):
+            raise ConfigError("credential: a scoped credential (sr3 token scoped), not a secret")
+        try:
+            parse_credential(credential)
+        except ProtocolError as exc:
+            raise ConfigError(f"credential: {exc}") from exc
+        seeds = resolve(ring, "-" * 16, ring_hint="ring=").ring
+    else:
+        settings = resolve(ring, secret, ring_hint="ring=", secret_hint="secret=")
+        seeds = settings.ring
+        now = int(time.time())
+        credential = scoped_credential(
+            settings.secret, fs_path_of(prefix), expires_at=now + expires_s, issued_at=now
+        )
+    filesystem, abstract = JAR_CLASSES
+    return {
+        "spark.jars": str(fs_jar()),
+        "spark.hadoop.fs.sr3.impl": filesystem,
+        "spark.hadoop.fs.AbstractFileSystem.sr3.impl": abstract,
+        "spark.hadoop.fs.sr3.ring": ",".join(parse_seeds(seeds)),
+        "spark.hadoop.fs.sr3.credential": credential,
+    }
