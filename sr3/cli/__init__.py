@@ -11,7 +11,10 @@
     sr3 ls [PREFIX]                 the named files: key, size, version
     sr3 rm KEY...                   delete named files
     sr3 token metrics               the bearer token Prometheus scrapes /metrics with
-    sr3 spark list|restore|forget   Spark queries' state on the ring
+    sr3 token scoped --prefix P     a credential reaching only sr3:// paths under P
+    sr3 fs ls|cat|get|put|rm|du     the sr3:// namespace Spark's executors write
+    sr3 spark list|restore|forget   Spark queries' state on the ring (and sr3:// checkpoints)
+    sr3 spark conf                  --conf flags for spark-submit to use sr3://
     sr3 drill                       rehearse a multi-failure recovery
     sr3 demo                        the end-to-end demonstration on a local cluster
 
@@ -39,6 +42,7 @@ _COMMANDS = {
     "cluster": "sr3.cli.cluster:cluster",
     "demo": "sr3.cli.demo:demo",
     "drill": "sr3.cli.drill:drill",
+    "fs": "sr3.cli.fs:fs",
     "get": "sr3.cli.data:get",
     "ls": "sr3.cli.data:ls",
     "peer": "sr3.cli.peer:peer",

@@ -380,7 +380,7 @@ CREDENTIAL_DAYS_MAX = 366
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _duration_s(text: str) -> int:
+def duration_s(text: str) -> int:
     number, unit = text[:-1], text[-1:]
     if unit not in _DURATION_UNITS or not number.isdigit() or len(number) > 9:
         raise click.BadParameter(f"{text!r}: a number then s, m, h or d (30d, 12h)")
@@ -401,7 +401,7 @@ def token_scoped(prefix: str, expires: str, ring: str | None, secret_file: Path 
     """Print a credential limited to the file namespace under --prefix: what Spark's
     executors hold instead of the cluster secret. Peers verify it from the secret;
     rotating the secret revokes every credential derived from it."""
-    lifetime_s = _duration_s(expires)
+    lifetime_s = duration_s(expires)
     now = int(time.time())
     secret = ring_settings(ring, secret_file).secret
     try:

@@ -1,9 +1,11 @@
-"""``sr3 spark``: Spark queries' state on the ring (list, restore, forget)."""
+"""``sr3 spark``: Spark queries' state on the ring (list, restore, forget), and the conf
+a session needs to checkpoint to ``sr3://`` (conf)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -220,3 +222,35 @@ def _unreachable_members(client: SyncClient) -> list[str]:
 
 def _batches(batch_ids: list[int]) -> str:
     return ", ".join(str(batch_id) for batch_id in batch_ids) or "none"
+
+
+@spark.command("conf")
+@click.option("--prefix", default="spark/", show_default=True,
+              help="The sr3:// path the minted credential reaches.")  # fmt: skip
+@click.option("--expires", default="30d", show_default=True, help="Ns, Nm, Nh or Nd.")
+@click.option("--credential", envvar="SR3_CREDENTIAL",
+              help="Use this scoped credential instead of minting one.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="The conf as a JSON object.")
+@ring_options
+@fail_cleanly
+def spark_conf_command(
+    prefix: str, expires: str, credential: str | None, as_json: bool, ring: str | None,
+    secret_file: Path | None,
+) -> None:  # fmt: skip
+    """Print the --conf flags spark-submit needs to checkpoint to sr3:// (the jar, the
+    FileSystem, the seeds and a credential scoped to --prefix; never the secret)."""
+    from spark_connector.conf import spark_conf
+    from sr3.cli.data import duration_s
+
+    if credential:
+        conf = spark_conf(ring, credential=credential)
+    else:
+        settings = ring_settings(ring, secret_file)
+        conf = spark_conf(
+            settings.ring, settings.secret, prefix=prefix, expires_s=duration_s(expires)
+        )
+    if as_json:
+        click.echo(json.dumps(conf, indent=2))
+        return
+    for key, value in conf.items():
+        click.echo(f"--conf {shlex.quote(f'{key}={value}')}")
