@@ -15,8 +15,10 @@ Semantics Spark's checkpoint code relies on (as on HDFS):
   see both for that moment; a crash in between leaves both, never neither);
 - a file is never under another file, nor where a directory is.
 
-Directories are implied by the files under them; ``mkdirs`` writes a record only for a
-directory that would otherwise not exist. Listing asks every peer for the records under
+Every directory has a record: ``mkdirs`` writes it, and so does a create for each
+directory above the file that has none, so that stat and the checks of a create read
+records and never list (a coordinator trusts a directory it saw for a few seconds, so a
+create in a busy directory reads none). Listing asks every peer for the records under
 the directory (``Client.list_records``) and reads each child's record for its size and
 time: O(children) reads, bounded in concurrency.
 
@@ -31,6 +33,8 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -72,6 +76,12 @@ CHILD_READS_MAX = 16
 # directly.
 RECOVERY_CHUNKS_MIN = 4
 RECOVERY_WINDOW_CHUNKS = 16
+# Directories a coordinator saw marked, trusted without reading again for this long
+# (at most this many): creates in a hot directory check none of its ancestors. A
+# directory deleted through another peer meanwhile can get a file under it without its
+# record; listings still show it.
+KNOWN_DIRECTORY_S = 5.0
+KNOWN_DIRECTORIES_MAX = 4096
 # The body is read in pieces of this size.
 BODY_PIECE_BYTES = 256 * 1024
 
@@ -102,9 +112,18 @@ class _Found:
 class Namespace:
     """The file system operations, over a ring client."""
 
-    def __init__(self, client: Client, wall_ms: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        wall_ms: Callable[[], int],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self._wall_ms = wall_ms
+        self._monotonic = monotonic
+        # Directories this coordinator saw marked, and when: creates under them skip the
+        # checks of their ancestors for KNOWN_DIRECTORY_S.
+        self._known: OrderedDict[str, float] = OrderedDict()
 
     # -- reading ------------------------------------------------------------------------
 
@@ -112,13 +131,6 @@ class Namespace:
         return await self.client.get_record(
             fs_api.file_key(path), include_deleted=include_deleted, allow_stale=True
         )
-
-    async def _has_children(self, path: str) -> bool:
-        tail = "" if path == ROOT else path[1:] + "/"
-        for prefix in (fs_api.FILE_KEY_PREFIX, fs_api.DIRECTORY_KEY_PREFIX):
-            if await self.client.list_records(prefix + tail, limit=1):
-                return True
-        return False
 
     async def find(self, path: str) -> _Found:
         """The file or directory at ``path``."""
@@ -136,8 +148,6 @@ class Namespace:
         if marker is not None:
             entry = decode_entry(marker.value)
             return _Found(Stat(path, "directory", 0, entry.mtime_ms, marker.version))
-        if await self._has_children(path):
-            return _Found(Stat(path, "directory", 0, 0, 0))
         return _Found(None)
 
     async def stat(self, path: str) -> Stat:
@@ -249,21 +259,60 @@ class Namespace:
 
     # -- changing -----------------------------------------------------------------------
 
-    async def _check_parents(self, path: str) -> None:
-        """409 "parent_is_file" when a file is where a directory above ``path`` is."""
+    def _is_known(self, directory: str) -> bool:
+        seen = self._known.get(directory)
+        if seen is None or self._monotonic() - seen > KNOWN_DIRECTORY_S:
+            self._known.pop(directory, None)
+            return False
+        return True
+
+    def _note_known(self, directory: str) -> None:
+        self._known[directory] = self._monotonic()
+        self._known.move_to_end(directory)
+        while len(self._known) > KNOWN_DIRECTORIES_MAX:
+            self._known.popitem(last=False)
+
+    def _forget_known(self, path: str) -> None:
+        for directory in [d for d in self._known if d == path or d.startswith(path + "/")]:
+            del self._known[directory]
+
+    async def _make_parents(self, path: str) -> None:
+        """Every directory above ``path`` is one: 409 "parent_is_file" where a file is,
+        and a directory record made where none is (so a directory is always marked:
+        stat and the checks below read one record, never list)."""
         parts = fs_api.components(path)
         ancestors = ["/" + "/".join(parts[:depth]) for depth in range(1, len(parts))]
-        records = await asyncio.gather(*(self._file(a) for a in ancestors))
-        for ancestor, record in zip(ancestors, records, strict=True):
-            if record is not None:
+        unknown = [a for a in ancestors if not self._is_known(a)]
+        found = await asyncio.gather(*(self.find(a) for a in unknown))
+        for ancestor, seen in zip(unknown, found, strict=True):
+            if seen.stat is not None and seen.stat.type == "file":
                 raise FsError(409, "parent_is_file", f"{ancestor} is a file")
+        missing = [a for a, seen in zip(unknown, found, strict=True) if seen.stat is None]
+        await asyncio.gather(*(self._mark(a) for a in missing))
+        for ancestor in unknown:
+            self._note_known(ancestor)
+
+    async def _mark(self, directory: str) -> bool:
+        """Write ``directory``'s record unless one is there; whether this wrote it."""
+        value = encode_entry(Entry("directory", 0, self._wall_ms()))
+        key = fs_api.directory_key(directory)
+        for _attempt in range(CAS_ATTEMPTS_MAX):
+            current = await self.client.get_record(key, include_deleted=True)
+            if current is not None and not current.deleted:
+                return False
+            try:
+                await self.client.put_record(
+                    key, value, expected_version=0 if current is None else current.version
+                )
+            except (RecordConflict, RecordUnknown):
+                continue
+            return True
+        raise FsError(503, "contention", f"{directory}: {CAS_ATTEMPTS_MAX} writers won")
 
     async def _check_not_directory(self, path: str) -> None:
-        marker, children = await asyncio.gather(
-            self.client.get_record(fs_api.directory_key(path), allow_stale=True),
-            self._has_children(path),
-        )
-        if marker is not None or children:
+        if self._is_known(path) or await self.client.get_record(
+            fs_api.directory_key(path), allow_stale=True
+        ):
             raise FsError(409, "is_directory", f"{path} is a directory")
 
     async def _store(self, path: str, entry: Entry, *, overwrite: bool, op: str) -> Stat:
@@ -294,7 +343,7 @@ class Namespace:
         """Store the file ``body`` gives (its bytes, already bounded) at ``path``."""
         if path == ROOT:
             raise FsError(409, "is_directory", "the root is a directory")
-        await asyncio.gather(self._check_parents(path), self._check_not_directory(path))
+        await asyncio.gather(self._make_parents(path), self._check_not_directory(path))
         entry = await self._upload(body)
         return await self._store(path, entry, overwrite=overwrite, op=op)
 
@@ -367,6 +416,7 @@ class Namespace:
         ]
         if keys and not recursive:
             raise FsError(409, "not_empty", f"{path} is a directory that is not empty")
+        self._forget_known(path)
         removed = 0
         slots = asyncio.Semaphore(CHILD_READS_MAX)
 
@@ -412,7 +462,7 @@ class Namespace:
             raise _not_found(source)
         if found.entry is None:
             raise FsError(409, "is_directory", f"{source} is a directory (renamed file by file)")
-        await asyncio.gather(self._check_parents(target), self._check_not_directory(target))
+        await asyncio.gather(self._make_parents(target), self._check_not_directory(target))
         assert found.record is not None
         stat = await self._store(target, found.entry, overwrite=overwrite, op=op)
         await self._delete_if(source, None, version=found.record.version)
@@ -433,26 +483,15 @@ class Namespace:
         """Make ``path`` a directory (its parents are implied); False if it was one."""
         if path == ROOT:
             return False
-        await self._check_parents(path)
+        await self._make_parents(path)
         found = await self.find(path)
         if found.stat is not None:
             if found.stat.type == "file":
                 raise FsError(409, "parent_is_file", f"{path} is a file")
             return False
-        value = encode_entry(Entry("directory", 0, self._wall_ms()))
-        key = fs_api.directory_key(path)
-        for _attempt in range(CAS_ATTEMPTS_MAX):
-            current = await self.client.get_record(key, include_deleted=True)
-            if current is not None and not current.deleted:
-                return False
-            try:
-                await self.client.put_record(
-                    key, value, expected_version=0 if current is None else current.version
-                )
-            except (RecordConflict, RecordUnknown):
-                continue
-            return True
-        raise FsError(503, "contention", f"{path}: {CAS_ATTEMPTS_MAX} concurrent writers won")
+        made = await self._mark(path)
+        self._note_known(path)
+        return made
 
 
 def _slice(fetched: dict[str, bytes], extent: Extent) -> bytes:
