@@ -18,6 +18,7 @@ from support import next_base_port, require_spark
 
 from ring.errors import ConfigError
 from sr3 import demo
+from sr3.cluster_demo import ClusterDemoOptions, run_cluster_demo
 from sr3.demo import SparkDemoOptions, compare_outputs, run_spark_demo
 from sr3.spark_demo import Output, input_rows, read_output, write_inputs
 
@@ -81,3 +82,18 @@ def test_demo_without_pyspark_says_what_to_install(monkeypatch: pytest.MonkeyPat
 def test_demo_refuses_a_kill_that_leaves_nothing_to_restore() -> None:
     with pytest.raises(ConfigError, match="--kill-at"):
         SparkDemoOptions(batches=6, kill_at=5)
+
+
+@pytest.mark.slow
+def test_cluster_demo_carries_on_from_sr3_after_the_application_and_two_peers_die(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``sr3 demo --cluster`` end to end, small: executors on local-cluster checkpoint to
+    sr3:///, the application and 2 of 5 peers are SIGKILLed, a new application finishes;
+    it reports MATCH for output, state and the secret kept from executors, exit code 0."""
+    require_spark()
+    options = ClusterDemoOptions(batches=5, kill_after=2, seed=4, base_port=next_base_port())
+    code = run_cluster_demo(options)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("MATCH") == 3 and "MISMATCH" not in out, out
