@@ -1,5 +1,6 @@
 # Two commands for a fresh machine (Python 3.11+, Java 17):
-#   make demo   install everything into .venv and run the main job on a local ring
+#   make demo   install everything into .venv and run the main job on a local ring (the
+#               driver-side connector, then Spark on local-cluster checkpointing to sr3://)
 #   make test   install everything into .venv and run lint, types and the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,6 +19,7 @@ install: $(STAMP)
 
 demo: install
 	$(VENV)/bin/sr3 demo
+	$(VENV)/bin/sr3 demo --cluster
 
 jar: install
 	$(PY) -c "from spark_connector.jar import fs_jar; print(fs_jar())"
