@@ -37,6 +37,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import xxhash
 from aiohttp import web
@@ -315,14 +316,26 @@ class Namespace:
         ):
             raise FsError(409, "is_directory", f"{path} is a directory")
 
-    async def _store(self, path: str, entry: Entry, *, overwrite: bool, op: str) -> Stat:
+    async def _store(
+        self,
+        path: str,
+        entry: Entry,
+        *,
+        overwrite: bool,
+        op: str,
+        known: RecordValue | Literal[False] | None = False,
+    ) -> Stat:
         """Name ``entry`` at ``path``: a compare-and-set on the file's record, retried
         when a concurrent writer wins the version (``exists`` if it made a file there
-        and ``overwrite`` is off)."""
+        and ``overwrite`` is off). ``known``: the record as the caller just read it
+        (tombstones included), for the first attempt."""
         key = fs_api.file_key(path)
         value = encode_entry(entry)
-        for _attempt in range(CAS_ATTEMPTS_MAX):
-            current = await self.client.get_record(key, include_deleted=True)
+        for attempt in range(CAS_ATTEMPTS_MAX):
+            if attempt == 0 and known is not False:
+                current = known
+            else:
+                current = await self.client.get_record(key, include_deleted=True)
             if current is not None and current.op == op and not current.deleted:
                 return _stat_of(path, current)
             if current is not None and not current.deleted and not overwrite:
@@ -453,29 +466,29 @@ class Namespace:
             fs_api.components(source)
         ):
             raise FsError(409, "is_directory", f"{target} is the root or under {source}")
-        done = await self._file(target)
-        if done is not None and done.op == op:  # a retry of a rename that went through
-            await self._delete_if(source, op)
+        done, found = await asyncio.gather(
+            self.client.get_record(fs_api.file_key(target), include_deleted=True),
+            self.find(source),
+        )
+        if done is not None and done.op == op and not done.deleted:
+            # A retry of a rename that went through: its source may still be there.
+            if found.record is not None:
+                await self._delete_source(source, found.record.version)
             return _stat_of(target, done)
-        found = await self.find(source)
         if found.stat is None:
             raise _not_found(source)
-        if found.entry is None:
+        if found.entry is None or found.record is None:
             raise FsError(409, "is_directory", f"{source} is a directory (renamed file by file)")
         await asyncio.gather(self._make_parents(target), self._check_not_directory(target))
-        assert found.record is not None
-        stat = await self._store(target, found.entry, overwrite=overwrite, op=op)
-        await self._delete_if(source, None, version=found.record.version)
+        stat = await self._store(target, found.entry, overwrite=overwrite, op=op, known=done)
+        await self._delete_source(source, found.record.version)
         return stat
 
-    async def _delete_if(self, path: str, op: str | None, *, version: int | None = None) -> None:
-        """Delete the source of a rename, unless someone wrote it again meanwhile."""
-        key = fs_api.file_key(path)
-        current = await self.client.get_record(key)
-        if current is None or (version is not None and current.version != version):
-            return
+    async def _delete_source(self, path: str, version: int) -> None:
+        """Delete the source of a rename at the version that was moved, unless someone
+        wrote it again meanwhile (then it stays: it is another file now)."""
         try:
-            await self.client.delete_record(key, expected_version=current.version)
+            await self.client.delete_record(fs_api.file_key(path), expected_version=version)
         except (RecordConflict, RecordUnknown):
             log.info("rename: %s changed while it was moved; left in place", path)
 

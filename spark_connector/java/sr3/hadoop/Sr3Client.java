@@ -68,8 +68,8 @@ final class Sr3Client implements Closeable {
     }
   }
 
-  /** An answer: status, body, and the error code of a refusal. */
-  record Answer(int status, byte[] body, String code, String message) {
+  /** An answer: status, body, the error code of a refusal, and a file's size (-1). */
+  record Answer(int status, byte[] body, String code, String message, long fileSize) {
     JsonNode json() throws IOException {
       if (body.length > JSON_BYTES_MAX) {
         throw new IOException("sr3: answer above " + JSON_BYTES_MAX + " bytes");
@@ -232,7 +232,8 @@ final class Sr3Client implements Closeable {
     }
     int status = response.statusCode();
     if (status < 400) {
-      return new Answer(status, payload, "", "");
+      long fileSize = response.headers().firstValueAsLong("X-SR3-File-Size").orElse(-1);
+      return new Answer(status, payload, "", "", fileSize);
     }
     String code = "";
     String message = new String(payload, StandardCharsets.UTF_8);
@@ -243,7 +244,7 @@ final class Sr3Client implements Closeable {
     } catch (IOException e) {
       // not JSON: keep the raw text as the message
     }
-    return new Answer(status, payload, code, message);
+    return new Answer(status, payload, code, message, -1);
   }
 
   /** The exception Hadoop's contract names for a refusal. */

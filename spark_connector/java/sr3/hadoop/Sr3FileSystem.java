@@ -97,14 +97,23 @@ public class Sr3FileSystem extends FileSystem {
     return status(answer.json());
   }
 
+  /** Opens with one request: the first block, whose answer also gives the size. */
   @Override
   public FSDataInputStream open(Path path, int bufferSize) throws IOException {
-    FileStatus stat = getFileStatus(path);
-    if (stat.isDirectory()) {
-      throw new FileNotFoundException("sr3: " + pathOf(path) + " is a directory");
+    String target = pathOf(path);
+    Sr3Client.Answer first =
+        client.send(
+            "GET",
+            Sr3Client.route("files", target) + "?offset=0&length=" + blockBytes,
+            Sr3Client.Body.NONE);
+    if (first.status() == 409 && "is_directory".equals(first.code())) {
+      throw new FileNotFoundException("sr3: " + target + " is a directory");
+    }
+    if (first.status() != 200) {
+      throw Sr3Client.refusal(target, first);
     }
     return new FSDataInputStream(
-        new Sr3InputStream(client, pathOf(path), stat.getLen(), blockBytes));
+        new Sr3InputStream(client, target, first.fileSize(), blockBytes, first.body()));
   }
 
   @Override

@@ -19,11 +19,18 @@ final class Sr3InputStream extends FSInputStream {
   private long blockStart;
   private boolean closed;
 
-  Sr3InputStream(Sr3Client client, String path, long size, int blockBytes) {
+  /** {@code first}: the file's first block, read when it was opened. */
+  Sr3InputStream(Sr3Client client, String path, long size, int blockBytes, byte[] first)
+      throws IOException {
+    if (size < 0 || first.length != Math.min(size, blockBytes)) {
+      throw new IOException("sr3: " + path + ": the first block does not match the file's size");
+    }
     this.client = client;
     this.path = path;
     this.size = size;
     this.blockBytes = blockBytes;
+    this.block = first;
+    this.blockStart = 0;
   }
 
   private void checkOpen() throws IOException {
