@@ -31,14 +31,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bench_fs import session
 from bench_store import cpu_seconds
+from connector_spark import start_keys_query
 
 from ring.auth import scoped_credential
-from sr3.cluster_app import MASTER, spark_home
 from sr3.local import LocalCluster
 
 RESULTS = Path(__file__).parent / "results" / "fs-restart.json"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 IDS_PER_FILE = 400_000
 MIB = 1024 * 1024
 APP_S_MAX = 1800
@@ -48,51 +48,13 @@ APP_S_MAX = 1800
 
 
 def _session() -> Any:
-    from pyspark.sql import SparkSession
-
     from spark_connector.conf import spark_conf
 
     conf = spark_conf(os.environ["SR3_RING"], credential=os.environ["SR3_CREDENTIAL"])
-    builder = SparkSession.builder.master(MASTER).appName("sr3-bench-fs-restart")
-    settings = {
-        **conf,
-        "spark.test.home": spark_home(),
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.executor.memory": "768m",
-        "spark.sql.shuffle.partitions": "8",
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-    }
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    work = Path(tempfile.mkdtemp(prefix="sr3-bench-app-"))
+    spark = session({**conf, "spark.sql.shuffle.partitions": "8"}, "rocksdb", work)
+    spark.conf.set("spark.sql.shuffle.partitions", "8")
     return spark
-
-
-def _keys_query(spark: Any, input_dir: str, checkpoint: str) -> Any:
-    from pyspark.sql import functions
-
-    ids = spark.readStream.option("maxFilesPerTrigger", 1).text(input_dir)
-    key = functions.col("value").cast("long").alias("key")
-    text = functions.col("key").cast("string")
-    payload = functions.concat_ws(
-        "-",
-        functions.sha2(text, 256),
-        functions.sha2(functions.concat(text, functions.lit("x")), 256),
-    )
-    rows = ids.select(key).select("key", payload.alias("payload"))
-    return (
-        rows.groupBy("key")
-        .agg(functions.max("payload").alias("payload"))
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
 
 
 def app(input_dir: str, checkpoint: str) -> int:
@@ -100,7 +62,7 @@ def app(input_dir: str, checkpoint: str) -> int:
     began = time.monotonic()
     spark = _session()
     started = time.monotonic()
-    query = _keys_query(spark, input_dir, checkpoint)
+    query = start_keys_query(spark, Path(input_dir), checkpoint, available_now=True)
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(str(query.exception()))

@@ -120,9 +120,10 @@ def start_events_query(spark: Any, input_dir: Path, checkpoint_dir: Path, name: 
 
 
 def start_keys_query(
-    spark: Any, input_dir: Path, checkpoint_dir: Path, *, available_now: bool = False
+    spark: Any, input_dir: Path, checkpoint_dir: Path | str, *, available_now: bool = False
 ) -> Any:
-    """The restart query: one row of state per unique id, holding a ~130-byte string."""
+    """The restart query: one row of state per unique id, holding a ~130-byte string.
+    ``checkpoint_dir``: a local directory, or a URI (``sr3:///...``)."""
     from pyspark.sql import functions
 
     ids = spark.readStream.option("maxFilesPerTrigger", 1).text(str(input_dir))
