@@ -36,6 +36,10 @@ network (``tests/test_api.py``).
     GET    /v1/refs                       chunk ids live records here reference (16 B each)
     POST   /v1/recovery/stream            a recovery plan -> framed chunk stream
                                           (installed by ``recovery.relay``)
+    PUT|GET|DELETE /v1/fs/files/{path}, GET /v1/fs/stat|list/{path},
+    POST /v1/fs/rename, POST /v1/fs/mkdirs/{path}   the sr3:// file namespace
+                                          (``ring.fs_api``; installed by
+                                          ``spark_connector.fs_service``)
     GET    /metrics                       Prometheus text (signed, or the metrics bearer token)
 
 Errors are JSON ``{"error": code, "message": text}`` (``error_body``/``parse_error``),
@@ -83,11 +87,21 @@ __all__ = [
     "CHUNK_PUT",
     "CONTENT_TYPE_FRAMES",
     "EXISTS_IDS_MAX",
+    "FS_DELETE",
+    "FS_LIST",
+    "FS_MKDIRS",
+    "FS_READ",
+    "FS_RENAME",
+    "FS_STAT",
+    "FS_WRITE",
     "GOSSIP",
     "HEADERS_MAX",
     "HEADER_AUTHORIZATION",
     "HEADER_CONTENT_SHA256",
+    "HEADER_CREDENTIAL",
+    "HEADER_FILE_SIZE",
     "HEADER_LINE_BYTES_MAX",
+    "HEADER_MTIME_MS",
     "HEADER_NONCE",
     "HEADER_REFS",
     "HEADER_STORED_BYTES",
@@ -95,18 +109,18 @@ __all__ = [
     "HEADER_TIMESTAMP",
     "HEADER_VERSION",
     "HEALTH",
+    "INFO",
     "JSON_BYTES_MAX",
     "JSON_DEPTH_MAX",
-    "INFO",
     "LEAVE_STATES",
     "LIST_LIMIT_MAX",
     "MEMBERS",
     "METRICS",
+    "PAXOS_ACCEPT",
+    "PAXOS_PREPARE",
     "QUERY_INT_MAX",
     "RECORDS_LIST",
     "RECORD_BYTES_MAX",
-    "PAXOS_ACCEPT",
-    "PAXOS_PREPARE",
     "RECORD_GET",
     "RECORD_VERSIONS",
     "RECOVERY_STREAM",
@@ -123,36 +137,36 @@ __all__ = [
     "MemberState",
     "RingDescription",
     "Route",
+    "accept_path",
     "chunk_path",
     "error_body",
     "exists_request",
+    "json_int",
+    "load_json",
+    "member_table_body",
+    "members_answer",
+    "parse_ascii_int",
     "parse_error",
     "parse_exists_answer",
     "parse_exists_request",
     "parse_flag",
     "parse_hint",
     "parse_info",
-    "parse_ascii_int",
     "parse_int",
     "parse_json_object",
     "parse_keys_request",
     "parse_leave_progress",
     "parse_member_table",
-    "json_int",
-    "load_json",
-    "member_table_body",
-    "members_answer",
     "parse_members_answer",
     "parse_records_list",
     "parse_refs",
     "parse_versions_answer",
     "parse_written_version",
-    "accept_path",
     "prepare_path",
-    "record_round_path",
-    "record_raw_path",
     "record_envelope",
     "record_path",
+    "record_raw_path",
+    "record_round_path",
     "records_list_path",
     "refs_body",
     "split_record_envelope",
@@ -187,6 +201,14 @@ PAXOS_PREPARE = Route("POST", "/v1/paxos/prepare/{key:.+}")
 PAXOS_ACCEPT = Route("POST", "/v1/paxos/accept/{key:.+}")
 REFS = Route("GET", "/v1/refs")
 RECOVERY_STREAM = Route("POST", "/v1/recovery/stream")
+# The sr3:// file namespace (paths, bodies and answers in ``ring.fs_api``).
+FS_WRITE = Route("PUT", "/v1/fs/files/{path:.*}")
+FS_READ = Route("GET", "/v1/fs/files/{path:.*}")
+FS_DELETE = Route("DELETE", "/v1/fs/files/{path:.*}")
+FS_STAT = Route("GET", "/v1/fs/stat/{path:.*}")
+FS_LIST = Route("GET", "/v1/fs/list/{path:.*}")
+FS_RENAME = Route("POST", "/v1/fs/rename")
+FS_MKDIRS = Route("POST", "/v1/fs/mkdirs/{path:.*}")
 
 # Routes a request may reach with the target "*": a client asks a seed for the member
 # table before it knows the seed's advertised address, and a joining peer gossips with
@@ -204,6 +226,10 @@ HEADER_VERSION = "X-SR3-Version"
 HEADER_REFS = "X-SR3-Refs"
 HEADER_STORED_BYTES = "X-SR3-Stored-Bytes"
 HEADER_VIEW = "X-SR3-View"
+# A scoped credential's claims (``ring.auth``); a file's size and time (``ring.fs_api``).
+HEADER_CREDENTIAL = "X-SR3-Credential"
+HEADER_FILE_SIZE = "X-SR3-File-Size"
+HEADER_MTIME_MS = "X-SR3-Mtime-Ms"
 CONTENT_TYPE_FRAMES = "application/x-sr3-frames"
 
 # Limits both sides hold to.

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from ring.api import (
     HEADER_AUTHORIZATION,
     HEADER_CONTENT_SHA256,
+    HEADER_CREDENTIAL,
     HEADER_NONCE,
     HEADER_TARGET,
     HEADER_TIMESTAMP,
@@ -86,7 +87,6 @@ __all__ = [
 
 SCHEME = "SR3-HMAC-SHA256"
 CREDENTIAL_SCHEME = "sr3c1"
-HEADER_CREDENTIAL = "X-SR3-Credential"
 CREDENTIAL_CHARS_MAX = 1024
 _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 ANY_TARGET = "*"

@@ -44,7 +44,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
-from ring.api import Route
+from ring.api import (
+    FS_DELETE,
+    FS_LIST,
+    FS_MKDIRS,
+    FS_READ,
+    FS_RENAME,
+    FS_STAT,
+    FS_WRITE,
+    HEADER_FILE_SIZE,
+    HEADER_MTIME_MS,
+    Route,
+)
 from ring.errors import ProtocolError
 
 __all__ = [
@@ -80,20 +91,11 @@ __all__ = [
     "validate_path",
 ]
 
-FS_WRITE = Route("PUT", "/v1/fs/files/{path:.*}")
-FS_READ = Route("GET", "/v1/fs/files/{path:.*}")
-FS_DELETE = Route("DELETE", "/v1/fs/files/{path:.*}")
-FS_STAT = Route("GET", "/v1/fs/stat/{path:.*}")
-FS_LIST = Route("GET", "/v1/fs/list/{path:.*}")
-FS_RENAME = Route("POST", "/v1/fs/rename")
-FS_MKDIRS = Route("POST", "/v1/fs/mkdirs/{path:.*}")
 FS_ROUTES = (FS_WRITE, FS_READ, FS_DELETE, FS_STAT, FS_LIST, FS_RENAME, FS_MKDIRS)
 # Bodies the handler reads as they arrive (bounded by FILE_BYTES_MAX) and checks against
 # the signed digest, instead of the peer buffering them before it authenticates.
 STREAMED_BODY_ROUTES = frozenset({FS_WRITE})
 
-HEADER_FILE_SIZE = "X-SR3-File-Size"
-HEADER_MTIME_MS = "X-SR3-Mtime-Ms"
 
 ROOT = "/"
 # Files are records under FILE_KEY_PREFIX + the path without its leading "/"; a
