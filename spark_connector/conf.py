@@ -4,9 +4,11 @@
         builder = builder.config(key, value)
 
 The conf names the jar of the Java FileSystem (built on first use, ``spark.jars``: merge
-it with jars of your own), the FileSystem classes, the seeds, and a credential scoped to
-``prefix``: minted here from the cluster secret, so the secret itself never reaches a
-conf, an executor or a log. ``sr3 spark conf`` prints the same as ``--conf`` flags.
+it with jars of your own), the FileSystem classes, Spark's checkpoint file manager for
+``sr3://`` (one request per state file; other schemes keep Spark's), the seeds, and a
+credential scoped to ``prefix``: minted here from the cluster secret, so the secret
+itself never reaches a conf, an executor or a log. ``sr3 spark conf`` prints the same
+as ``--conf`` flags.
 """
 
 from __future__ import annotations
@@ -54,11 +56,14 @@ def spark_conf(
         credential = scoped_credential(
             settings.secret, fs_path_of(prefix), expires_at=now + expires_s, issued_at=now
         )
-    filesystem, abstract = JAR_CLASSES
+    filesystem, abstract, manager = JAR_CLASSES
     return {
         "spark.jars": str(fs_jar()),
         "spark.hadoop.fs.sr3.impl": filesystem,
         "spark.hadoop.fs.AbstractFileSystem.sr3.impl": abstract,
+        # One PUT per state file instead of a temporary file and a rename; other schemes
+        # keep Spark's own manager.
+        "spark.sql.streaming.checkpointFileManagerClass": manager,
         "spark.hadoop.fs.sr3.ring": ",".join(parse_seeds(seeds)),
         "spark.hadoop.fs.sr3.credential": credential,
     }

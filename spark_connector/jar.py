@@ -26,7 +26,13 @@ from ring.errors import ConfigError
 __all__ = ["JAR_CLASSES", "fs_jar", "java_sources", "spark_jars_dir"]
 
 SOURCES_DIR = Path(__file__).parent / "java"
-JAR_CLASSES = ("sr3.hadoop.Sr3FileSystem", "sr3.hadoop.Sr3Fs")
+# The FileSystem (fs.sr3.impl), its FileContext binding (fs.AbstractFileSystem.sr3.impl),
+# and Spark's checkpoint file manager (spark.sql.streaming.checkpointFileManagerClass).
+JAR_CLASSES = (
+    "sr3.hadoop.Sr3FileSystem",
+    "sr3.hadoop.Sr3Fs",
+    "sr3.hadoop.Sr3CheckpointFileManager",
+)
 JAVAC_TIMEOUT_S = 300
 SERVICE = "META-INF/services/org.apache.hadoop.fs.FileSystem"
 

@@ -85,6 +85,8 @@ async def test_spark_conf_holds_a_scoped_credential_never_the_secret(
     conf = spark_conf(ring.ring, ring.secret, prefix="spark/conf-test")
     assert conf["spark.hadoop.fs.sr3.impl"] == "sr3.hadoop.Sr3FileSystem"
     assert conf["spark.hadoop.fs.AbstractFileSystem.sr3.impl"] == "sr3.hadoop.Sr3Fs"
+    manager = "sr3.hadoop.Sr3CheckpointFileManager"
+    assert conf["spark.sql.streaming.checkpointFileManagerClass"] == manager
     assert conf["spark.jars"].endswith(".jar")
     assert ring.secret not in json.dumps(conf)
     credential = conf["spark.hadoop.fs.sr3.credential"]

@@ -4,7 +4,9 @@ import java.io.BufferedReader;
 import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.io.InputStreamReader;
+import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.EnumSet;
@@ -24,6 +26,7 @@ import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Options;
 import org.apache.hadoop.fs.Path;
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager;
 
 /**
  * The FileSystem contract Spark relies on, checked through the Hadoop API against a
@@ -257,6 +260,96 @@ public final class ContractCheck {
     });
     check("append is unsupported", () -> {
       thrown(IOException.class, () -> fs.append(new Path(base, "contested")));
+      return "";
+    });
+    checkpointManager(new Path(base, "manager"));
+  }
+
+  private static void writeTo(OutputStream out, byte[] data) throws IOException {
+    out.write(data, 0, data.length / 2);
+    out.write(data, data.length / 2, data.length - data.length / 2);
+  }
+
+  /** Spark's checkpoint file manager for sr3:// (what state stores and logs write with). */
+  private void checkpointManager(Path base) throws Exception {
+    Path qualified = fs.makeQualified(base);
+    Sr3CheckpointFileManager manager = new Sr3CheckpointFileManager(qualified, conf);
+    byte[] first = bytes(21, 3000);
+    byte[] second = bytes(22, 300_000);
+    check("manager: createAtomic appears whole on close, not before", () -> {
+      Path file = new Path(qualified, "1.delta");
+      try (CheckpointFileManager.CancellableFSDataOutputStream out =
+          manager.createAtomic(file, false)) {
+        writeTo(out, first);
+        expect(!manager.exists(file), "visible before close");
+      }
+      expect(Arrays.equals(readAll(file), first), "bytes differ");
+      return "";
+    });
+    check("manager: without overwriteIfPossible an existing file fails and stays", () -> {
+      Path file = new Path(qualified, "1.delta");
+      thrown(FileAlreadyExistsException.class, () -> {
+        try (CheckpointFileManager.CancellableFSDataOutputStream out =
+            manager.createAtomic(file, false)) {
+          writeTo(out, second);
+        }
+        return "";
+      });
+      expect(Arrays.equals(readAll(file), first), "the file changed");
+      return "";
+    });
+    check("manager: overwriteIfPossible replaces (a large file, in chunks)", () -> {
+      Path file = new Path(qualified, "1.delta");
+      try (CheckpointFileManager.CancellableFSDataOutputStream out =
+          manager.createAtomic(file, true)) {
+        writeTo(out, second);
+      }
+      expect(Arrays.equals(readAll(file), second), "not replaced");
+      try (FSDataInputStream in = manager.open(file)) {
+        byte[] got = new byte[second.length];
+        in.readFully(0, got);
+        expect(Arrays.equals(got, second), "open");
+      }
+      return "";
+    });
+    check("manager: cancel leaves nothing, close after cancel sends nothing", () -> {
+      Path file = new Path(qualified, "2.delta");
+      CheckpointFileManager.CancellableFSDataOutputStream out = manager.createAtomic(file, false);
+      writeTo(out, first);
+      out.cancel();
+      out.close();
+      expect(!manager.exists(file), "a cancelled file appeared");
+      return "";
+    });
+    check("manager: list with a filter, mkdirs, delete (missing paths too)", () -> {
+      manager.mkdirs(new Path(qualified, "sub/inner"));
+      List<String> names = new ArrayList<>();
+      for (FileStatus status : manager.list(qualified, p -> !p.getName().startsWith("s"))) {
+        names.add(status.getPath().getName());
+      }
+      expect(names.equals(List.of("1.delta")), "listed " + names);
+      expect(manager.list(new Path(qualified, "nothing")).length == 0, "listing nothing");
+      manager.delete(new Path(qualified, "1.delta"));
+      manager.delete(new Path(qualified, "nothing"));
+      manager.delete(new Path(qualified, "sub"));
+      expect(!manager.exists(new Path(qualified, "1.delta")), "file left");
+      expect(!manager.exists(new Path(qualified, "sub/inner")), "directory left");
+      expect(!manager.isLocal(), "sr3 is not local");
+      expect(manager.createCheckpointDirectory().equals(qualified), "checkpoint directory");
+      expect(fs.getFileStatus(qualified).isDirectory(), "no directory made");
+      return "";
+    });
+    check("manager: another scheme goes to Spark's own manager", () -> {
+      java.nio.file.Path local = Files.createTempDirectory("sr3-manager-");
+      Path localRoot = new Path(local.toUri());
+      Sr3CheckpointFileManager other = new Sr3CheckpointFileManager(localRoot, conf);
+      try (CheckpointFileManager.CancellableFSDataOutputStream out =
+          other.createAtomic(new Path(localRoot, "1.delta"), false)) {
+        writeTo(out, first);
+      }
+      expect(other.isLocal(), "file:// is local");
+      expect(Arrays.equals(Files.readAllBytes(local.resolve("1.delta")), first), "bytes differ");
+      other.delete(localRoot);
       return "";
     });
   }

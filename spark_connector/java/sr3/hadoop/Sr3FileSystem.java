@@ -60,6 +60,10 @@ public class Sr3FileSystem extends FileSystem {
     return uri;
   }
 
+  Sr3Client client() {
+    return client;
+  }
+
   /** The namespace path of {@code path} ("/a/b"), resolved against the working dir. */
   String pathOf(Path path) {
     Path absolute = path.isAbsolute() ? path : new Path(workingDirectory, path);

@@ -79,6 +79,25 @@ final class Sr3OutputStream extends OutputStream {
     // The file becomes visible whole, on close; there is nothing to flush before.
   }
 
+  /** Drops what was written: nothing is sent, nothing appears. */
+  synchronized void cancel() {
+    if (closed) {
+      return;
+    }
+    closed = true;
+    memory = null;
+    try {
+      if (spillStream != null) {
+        spillStream.close();
+      }
+      if (spill != null) {
+        Files.deleteIfExists(spill);
+      }
+    } catch (IOException e) {
+      // a temporary file that cannot be removed is left to the OS's temporary directory
+    }
+  }
+
   @Override
   public synchronized void close() throws IOException {
     if (closed) {
