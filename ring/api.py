@@ -23,6 +23,10 @@ network (``tests/test_api.py``).
     POST   /v1/chunks/exists              {"ids": [...]} -> {"present": [...]}; with
                                           "sizes": true also {"stored_bytes": {id: n}}
     GET    /v1/records?prefix=P&limit=N[&deleted=1]   record keys and versions (and tombstones)
+    GET    /v1/records?prefix=P&limit=N&scan=1[&after=K][&delimiter=1][&head=H]
+                                          a scan: each record's accepted ballot, value
+                                          identity and first H bytes, keys rolled up at
+                                          "/" with a delimiter (``scan_answer``)
     GET    /v1/records/{key}[?view=D]     this peer's slot for the key (``ring.paxos``
                                           encoding); X-SR3-View names the acceptors it
                                           computes. With ``view``: for a round (409
@@ -56,6 +60,7 @@ numbers of bounded length and no NaN or Infinity. Malformed input is a ``Protoco
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +128,10 @@ __all__ = [
     "RECORD_BYTES_MAX",
     "RECORD_GET",
     "RECORD_VERSIONS",
+    "KEY_QUERY_CHARS_MAX",
+    "SCAN_HEAD_BYTES_MAX",
+    "ScanAnswer",
+    "ScanRecord",
     "RECOVERY_STREAM",
     "REFS",
     "REFS_ANSWER_MAX",
@@ -159,6 +168,7 @@ __all__ = [
     "parse_member_table",
     "parse_members_answer",
     "parse_records_list",
+    "parse_scan_answer",
     "parse_refs",
     "parse_versions_answer",
     "parse_written_version",
@@ -168,6 +178,8 @@ __all__ = [
     "record_raw_path",
     "record_round_path",
     "records_list_path",
+    "records_scan_path",
+    "scan_answer",
     "refs_body",
     "split_record_envelope",
     "versions_request",
@@ -289,6 +301,15 @@ def accept_path(key: str, ballot: str, view: str, following: str | None = None) 
 
 def records_list_path(prefix: str, limit: int, *, include_deleted: bool) -> str:
     return f"/v1/records?prefix={_quote(prefix)}&limit={limit}&deleted={int(include_deleted)}"
+
+
+def records_scan_path(
+    prefix: str, limit: int, *, after: str = "", delimiter: bool = False, head_bytes: int = 0
+) -> str:
+    path = f"/v1/records?prefix={_quote(prefix)}&limit={limit}&scan=1&head={head_bytes}"
+    if after:
+        path += f"&after={_quote(after)}"
+    return path + ("&delimiter=1" if delimiter else "")
 
 
 # -- query parameters (peer side) -------------------------------------------------------
@@ -447,6 +468,121 @@ def parse_records_list(answer: Any) -> list[tuple[str, int, bool]]:
         ]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed record listing: {exc!r}") from exc
+
+
+# -- scans ------------------------------------------------------------------------------
+
+# The first bytes of each value a scan gives (peers keep them in memory).
+SCAN_HEAD_BYTES_MAX = 64
+# A scan's prefix and starting key, in characters (keys are at most 512).
+KEY_QUERY_CHARS_MAX = 1024
+_BALLOT_CHARS_MAX = 64
+_OP_CHARS_MAX = 64
+_DIGEST_CHARS_MAX = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ScanRecord:
+    """One record as one peer holds it: the ballot it accepted (its wire form, "" for
+    none), the identity of the value accepted with it, the value's first bytes, and
+    whether this peer may lack what it should hold for the key (``synced`` False: it
+    newly answers for it and has not caught up)."""
+
+    key: str
+    version: int
+    accepted: str
+    op: str
+    deleted: bool
+    head: bytes
+    synced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ScanAnswer:
+    """One peer's page of a scan. ``placement``: a digest of the member set it places
+    keys with (its acceptors match the client's only when this matches). ``settled``: it
+    holds everything it should for every key it answers for, so a key it does not list
+    it has never accepted. ``last``: the last key or prefix the page covers; past it the
+    page says nothing when ``truncated``."""
+
+    records: tuple[ScanRecord, ...]
+    prefixes: tuple[str, ...]
+    truncated: bool
+    last: str
+    placement: str
+    settled: bool
+
+
+def scan_answer(answer: ScanAnswer) -> dict[str, Any]:
+    return {
+        "records": [
+            {
+                "key": r.key, "version": r.version, "accepted": r.accepted, "op": r.op,
+                "deleted": r.deleted, "head": base64.b64encode(r.head).decode(),
+                "synced": r.synced,
+            }
+            for r in answer.records
+        ],
+        "prefixes": list(answer.prefixes),
+        "truncated": answer.truncated,
+        "last": answer.last,
+        "placement": answer.placement,
+        "settled": answer.settled,
+    }  # fmt: skip
+
+
+def _scan_text(value: Any, name: str, chars_max: int) -> str:
+    if not isinstance(value, str) or len(value) > chars_max or not value.isascii():
+        raise ProtocolError(f"malformed scan: {name} is ASCII text of at most {chars_max}")
+    return value
+
+
+def _scan_record(entry: Any) -> ScanRecord:
+    if not isinstance(entry, dict):
+        raise ProtocolError("malformed scan: a record is an object")
+    version = entry.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 < version < VERSION_MAX:
+        raise ProtocolError("malformed scan: a version is an integer in 1..2**53-1")
+    head_text = _scan_text(entry.get("head"), "head", 4 * SCAN_HEAD_BYTES_MAX)
+    try:
+        head = base64.b64decode(head_text, validate=True)
+    except ValueError as exc:
+        raise ProtocolError("malformed scan: head is base64") from exc
+    if len(head) > SCAN_HEAD_BYTES_MAX or not all(
+        isinstance(entry.get(flag), bool) for flag in ("deleted", "synced")
+    ):
+        raise ProtocolError("malformed scan: head too long, or deleted/synced not booleans")
+    return ScanRecord(
+        _scan_text(entry.get("key"), "key", 1024),
+        version,
+        _scan_text(entry.get("accepted"), "accepted", _BALLOT_CHARS_MAX),
+        _scan_text(entry.get("op"), "op", _OP_CHARS_MAX),
+        entry["deleted"],
+        head,
+        entry["synced"],
+    )
+
+
+def parse_scan_answer(answer: Any, limit: int) -> ScanAnswer:
+    """A peer's scan page, at most ``limit`` records and prefixes (what was asked)."""
+    if not isinstance(answer, dict):
+        raise ProtocolError("malformed scan: not an object")
+    records, prefixes = answer.get("records"), answer.get("prefixes")
+    if not isinstance(records, list) or not isinstance(prefixes, list):
+        raise ProtocolError("malformed scan: records and prefixes are lists")
+    if len(records) + len(prefixes) > limit:
+        raise ProtocolError(f"malformed scan: more than the {limit} entries asked for")
+    truncated, settled = answer.get("truncated"), answer.get("settled")
+    if not isinstance(truncated, bool) or not isinstance(settled, bool):
+        raise ProtocolError("malformed scan: truncated and settled are booleans")
+    return ScanAnswer(
+        tuple(_scan_record(entry) for entry in records),
+        tuple(_scan_text(prefix, "prefix", 1024) for prefix in prefixes),
+        truncated,
+        _scan_text(answer.get("last"), "last", 1024),
+        _scan_text(answer.get("placement"), "placement", _DIGEST_CHARS_MAX),
+        settled,
+    )
 
 
 # -- ring and members -------------------------------------------------------------------

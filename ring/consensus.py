@@ -128,6 +128,22 @@ class Acceptor:
     def digest(self, key: str) -> str:
         return paxos.view_digest(self.preferred(key))
 
+    def placement_digest(self) -> str:
+        """Names the member set this peer places keys with (``paxos.placement_digest``):
+        a scan's client trusts this peer's slots only when it places keys alike."""
+        self.ring()
+        assert self._placement is not None
+        return paxos.placement_digest(self._placement)
+
+    def settled(self) -> bool:
+        """Whether this peer holds what it should for every key it answers for (no
+        catch-up pending for any key: no ring within the window placed keys
+        elsewhere, and it did not start within it unless it knew it was away briefly)."""
+        self.ring()
+        horizon = self._clock() - self._settings.sync_window_s
+        self._history = [(at, ring) for at, ring in self._history if at >= horizon]
+        return not self._history
+
     def _check_view(self, key: str, view: str) -> None:
         preferred = self.preferred(key)
         if paxos.view_digest(preferred) != view or self._me not in preferred:

@@ -59,9 +59,7 @@ from ring.api import (
 from ring.errors import ProtocolError
 
 __all__ = [
-    "DIRECTORY_KEY_PREFIX",
     "FILE_BYTES_MAX",
-    "FILE_KEY_PREFIX",
     "FS_DELETE",
     "FS_LIST",
     "FS_MKDIRS",
@@ -75,12 +73,13 @@ __all__ = [
     "LIST_LIMIT_MAX",
     "MTIME_MS_MAX",
     "PATH_CHARS_MAX",
+    "PATH_KEY_PREFIX",
     "ROOT",
     "STREAMED_BODY_ROUTES",
     "Stat",
     "components",
-    "directory_key",
-    "file_key",
+    "entries_prefix",
+    "path_key",
     "fs_path",
     "parent",
     "parse_stat",
@@ -98,11 +97,11 @@ STREAMED_BODY_ROUTES = frozenset({FS_WRITE})
 
 
 ROOT = "/"
-# Files are records under FILE_KEY_PREFIX + the path without its leading "/"; a
-# directory made by mkdirs (one no file implies) is a record under DIRECTORY_KEY_PREFIX.
-FILE_KEY_PREFIX = "files/"
-DIRECTORY_KEY_PREFIX = "dirs/"
-# Record keys are at most 512 characters; the longest prefix above is 6.
+# Every file and directory is the record PATH_KEY_PREFIX + its path without the leading
+# "/" (the value says which it is): a stat reads one record, and a directory's entries
+# are the keys under its own plus "/".
+PATH_KEY_PREFIX = "fs/"
+# Record keys are at most 512 characters; the prefix above is 3.
 PATH_CHARS_MAX = 500
 COMPONENT_CHARS_MAX = 255
 # One file: a Spark state file is at most a few GiB (a RocksDB checkpoint zip).
@@ -155,18 +154,16 @@ def parent(path: str) -> str:
     return head or ROOT
 
 
-def file_key(path: str) -> str:
-    """The record naming the file at ``path``."""
+def path_key(path: str) -> str:
+    """The record of the file or directory at ``path`` (the root has none)."""
     if path == ROOT:
-        raise ProtocolError("the root is a directory, never a file")
-    return FILE_KEY_PREFIX + validate_path(path)[1:]
+        raise ProtocolError("the root is always a directory and has no record")
+    return PATH_KEY_PREFIX + validate_path(path)[1:]
 
 
-def directory_key(path: str) -> str:
-    """The record marking ``path`` as a directory made by mkdirs."""
-    if path == ROOT:
-        raise ProtocolError("the root needs no directory record")
-    return DIRECTORY_KEY_PREFIX + validate_path(path)[1:]
+def entries_prefix(path: str) -> str:
+    """The key prefix of everything under the directory ``path``."""
+    return PATH_KEY_PREFIX if path == ROOT else path_key(path) + "/"
 
 
 def fs_path(route: Route, path: str) -> str:

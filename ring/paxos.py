@@ -54,6 +54,7 @@ import xxhash
 from ring.api import REF_BYTES, REFS_MAX, VERSION_MAX
 from ring.errors import ProtocolError
 from ring.parse import load_json
+from ring.placement import Member
 
 __all__ = [
     "EMPTY",
@@ -223,6 +224,13 @@ def chosen_value(answers: Sequence[Slot], replication: int, write_quorum: int) -
     if empty >= replication - write_quorum + 1:
         return EMPTY
     return None
+
+
+def placement_digest(members: Sequence[Member]) -> str:
+    """Names a placement: the member ids and zones that key placement is computed from
+    (two peers with the same digest compute the same acceptors for every key)."""
+    lines = sorted(f"{member.peer_id}\t{member.zone or ''}" for member in members)
+    return xxhash.xxh3_64_hexdigest("\n".join(lines).encode())
 
 
 def view_digest(preferred_ids: Sequence[str]) -> str:

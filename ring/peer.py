@@ -450,6 +450,8 @@ class Peer:
         limit = _int_query(request, "limit", api.LIST_LIMIT_MAX)
         if not 0 < limit <= api.LIST_LIMIT_MAX:
             raise ProtocolError(f"limit must be between 1 and {api.LIST_LIMIT_MAX}")
+        if _flag_query(request, "scan"):
+            return web.json_response(api.scan_answer(self._scan(request, prefix, limit)))
         entries = self.records.list(prefix, limit, include_deleted=_flag_query(request, "deleted"))
         return web.json_response(
             {
@@ -459,6 +461,35 @@ class Peer:
                 ]
             }
         )
+
+    def _scan(self, request: web.Request, prefix: str, limit: int) -> api.ScanAnswer:
+        after = request.query.get("after", "")
+        if len(after) > api.KEY_QUERY_CHARS_MAX or len(prefix) > api.KEY_QUERY_CHARS_MAX:
+            raise ProtocolError(f"prefix and after are at most {api.KEY_QUERY_CHARS_MAX} chars")
+        head_bytes = _int_query(request, "head", 0, api.SCAN_HEAD_BYTES_MAX)
+        page = self.records.scan(
+            prefix, limit, after=after, delimiter=_flag_query(request, "delimiter"),
+            head_bytes=head_bytes,
+        )  # fmt: skip
+        acceptor = self.node.acceptor
+        # A leaving peer is out of placement: no client counts its slots.
+        settled = acceptor.settled() and not self._leaving()
+        records = tuple(
+            api.ScanRecord(
+                r.key,
+                r.version,
+                "" if r.accepted is None else r.accepted.wire(),
+                r.op,
+                r.deleted,
+                r.head,
+                settled or not acceptor.needs_catch_up(r.key),
+            )
+            for r in page.records
+        )
+        return api.ScanAnswer(
+            records, tuple(page.prefixes), page.truncated, page.last,
+            acceptor.placement_digest(), settled,
+        )  # fmt: skip
 
     async def record_versions(self, request: web.Request) -> web.Response:
         keys = [validate_key(key) for key in api.parse_keys_request(await request.read())]

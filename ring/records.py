@@ -24,20 +24,21 @@ consensus (``SR3R``) are read as values accepted at the lowest classic ballot.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 import re
 import secrets
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import xxhash
 
 from ring import paxos
-from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, VERSION_MAX
+from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, SCAN_HEAD_BYTES_MAX, VERSION_MAX
 from ring.api import split_record_envelope as split_envelope
 from ring.errors import ProtocolError
 from ring.files import move_or_remove, write_file_atomic
@@ -47,10 +48,13 @@ __all__ = [
     "KEY_PATTERN",
     "LEGACY_BALLOT",
     "RECORD_BYTES_MAX",
+    "HEAD_BYTES_KEPT",
     "REFS_MAX",
     "TOMBSTONE_TTL_S_DEFAULT",
     "VERSION_MAX",
     "RecordStore",
+    "ScanPage",
+    "Scanned",
     "split_envelope",
     "validate_key",
 ]
@@ -128,20 +132,62 @@ def _decode_legacy(data: bytes) -> tuple[str, Slot]:
     return str(meta["key"]), slot
 
 
+# The first bytes of each value kept in memory, so that a scan answers what callers need
+# to describe many records (a file's type, size and time) without reading their files.
+HEAD_BYTES_KEPT = SCAN_HEAD_BYTES_MAX
+# Sorts after "/" and before every other key character: "a/b0" is the first key past
+# every key under "a/b/".
+_PAST_SLASH = chr(ord("/") + 1)
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    """What a peer keeps in memory per key: enough to list, plan repair and collect."""
+    """What a peer keeps in memory per key: enough to list, scan, plan repair and
+    collect."""
 
     version: int
     accepted: Ballot | None
     op: str
     refs: tuple[str, ...]
     deleted_at: float | None
+    head: bytes
 
 
 def _entry(slot: Slot) -> _Entry:
     value = slot.value
-    return _Entry(value.version, slot.accepted, value.op, value.refs, slot.deleted_at)
+    return _Entry(
+        value.version,
+        slot.accepted,
+        value.op,
+        value.refs,
+        slot.deleted_at,
+        value.data[:HEAD_BYTES_KEPT],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """One record as a scan sees it on this peer: its accepted ballot and the identity
+    of the value accepted with it (version, op, tombstone), and the value's first bytes."""
+
+    key: str
+    version: int
+    accepted: Ballot | None
+    op: str
+    deleted: bool
+    head: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPage:
+    """A page of a scan: records in key order, and the names of the key prefixes that a
+    delimiter rolled up; ``last`` is the last key or prefix the page covers (nothing
+    past it was looked at when ``truncated``)."""
+
+    records: list[Scanned]
+    prefixes: list[str]
+    truncated: bool
+    last: str
 
 
 class RecordStore:
@@ -159,6 +205,9 @@ class RecordStore:
         self._tmp_dir = root / "tmp"
         self._quarantine_dir = root / "quarantine"
         self._entries: dict[str, _Entry] = {}
+        # Every key of ``_entries``, sorted: listings and scans of a prefix cost the
+        # keys under it, not every key held.
+        self._sorted: list[str] = []
         self._tombstone_ttl_s = tombstone_ttl_s
         self._wall_clock = wall_clock
         self._lock = asyncio.Lock()
@@ -173,6 +222,7 @@ class RecordStore:
                 self._quarantine_file(entry, str(exc))
                 continue
             self._entries[key] = _entry(slot)
+        self._sorted = sorted(self._entries)
 
     def _path(self, key: str) -> Path:
         return self._dir / f"{xxhash.xxh3_128_hexdigest(key.encode())}.rec"
@@ -211,19 +261,92 @@ class RecordStore:
 
     def keys(self) -> list[str]:
         """Every key with a slot here, tombstones included (repair copies those too)."""
-        return sorted(self._entries)
+        return list(self._sorted)
+
+    def _set(self, key: str, entry: _Entry) -> None:
+        if key not in self._entries:
+            bisect.insort(self._sorted, key)
+        self._entries[key] = entry
+
+    def _drop(self, key: str) -> _Entry | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            index = bisect.bisect_left(self._sorted, key)
+            if index < len(self._sorted) and self._sorted[index] == key:
+                del self._sorted[index]
+        return entry
+
+    def _under(self, prefix: str) -> Iterator[str]:
+        """Keys under ``prefix``, in order."""
+        for index in range(bisect.bisect_left(self._sorted, prefix), len(self._sorted)):
+            key = self._sorted[index]
+            if not key.startswith(prefix):
+                return
+            yield key
 
     def list(
         self, prefix: str, limit: int, *, include_deleted: bool = False
     ) -> list[tuple[str, int]]:
-        keys = sorted(
-            key
-            for key, entry in self._entries.items()
-            if key.startswith(prefix)
-            and entry.version > 0
-            and (include_deleted or entry.deleted_at is None)
-        )
-        return [(key, self._entries[key].version) for key in keys[:limit]]
+        found: list[tuple[str, int]] = []
+        for key in self._under(prefix):
+            if len(found) >= limit:
+                break
+            entry = self._entries[key]
+            if entry.version > 0 and (include_deleted or entry.deleted_at is None):
+                found.append((key, entry.version))
+        return found
+
+    def scan(
+        self, prefix: str, limit: int, *, after: str = "", delimiter: bool = False,
+        head_bytes: int = 0,
+    ) -> ScanPage:  # fmt: skip
+        """Up to ``limit`` records under ``prefix`` past ``after`` (tombstones included),
+        each with what a caller needs to tell whether its acceptors agree; with
+        ``delimiter``, keys with a "/" past the prefix roll up into that prefix, once
+        (and only if one of them is live here)."""
+        if not 0 <= head_bytes <= HEAD_BYTES_KEPT:
+            raise ProtocolError(f"a scan gives at most {HEAD_BYTES_KEPT} bytes of each value")
+        if after.endswith("/"):
+            after = after[:-1] + _PAST_SLASH  # past every key under a rolled-up prefix
+        records: list[Scanned] = []
+        prefixes: list[str] = []
+        start = bisect.bisect_left(self._sorted, after if after > prefix else prefix)
+        index, last = start, ""
+        while index < len(self._sorted):
+            key = self._sorted[index]
+            if not key.startswith(prefix):
+                break
+            if key == after:
+                index += 1
+                continue
+            if len(records) + len(prefixes) >= limit:
+                return ScanPage(records, prefixes, True, last)
+            rest = key[len(prefix) :]
+            if delimiter and "/" in rest:
+                rolled = prefix + rest[: rest.index("/") + 1]
+                end = bisect.bisect_left(self._sorted, rolled[:-1] + _PAST_SLASH, index)
+                # Rolled up only when something under it is live here.
+                if any(self._live(self._entries[self._sorted[i]]) for i in range(index, end)):
+                    prefixes.append(rolled)
+                last = rolled
+                index = end
+                continue
+            entry = self._entries[key]
+            last = key
+            index += 1
+            if entry.version == 0:  # a bare promise: nothing accepted here
+                continue
+            records.append(
+                Scanned(
+                    key,
+                    entry.version,
+                    entry.accepted,
+                    entry.op,
+                    entry.deleted_at is not None,
+                    entry.head[:head_bytes],
+                )
+            )
+        return ScanPage(records, prefixes, False, last)
 
     def referenced(self) -> set[str]:
         """Every chunk id the values accepted here reference (tombstones have none)."""
@@ -241,7 +364,7 @@ class RecordStore:
         except (ProtocolError, ValueError, KeyError, TypeError, struct.error) as exc:
             async with self._lock:
                 self._quarantine_file(path, str(exc))
-                self._entries.pop(key, None)
+                self._drop(key)
             return paxos.NOTHING
         if stored_key != key:
             raise AssertionError(f"record file for {key!r} holds {stored_key!r}")
@@ -293,14 +416,14 @@ class RecordStore:
     async def _write(self, key: str, slot: Slot) -> None:
         data = _encode(key, slot)
         await asyncio.to_thread(write_file_atomic, self._tmp_dir, self._path(key), data)
-        self._entries[key] = _entry(slot)
+        self._set(key, _entry(slot))
 
     # -- housekeeping -------------------------------------------------------------------
 
     async def delete_local(self, key: str) -> None:
         """Drop this replica's slot (an extra copy that repair handed over)."""
         async with self._lock:
-            if self._entries.pop(key, None) is not None:
+            if self._drop(key) is not None:
                 await asyncio.to_thread(self._path(key).unlink, True)
 
     async def purge_tombstones(self) -> int:
@@ -319,6 +442,6 @@ class RecordStore:
                     and entry.deleted_at is not None
                     and entry.deleted_at <= horizon
                 ):
-                    del self._entries[key]
+                    self._drop(key)
                     await asyncio.to_thread(self._path(key).unlink, True)
         return len(expired)

@@ -62,7 +62,14 @@ from ring.errors import (
 from ring.fs_api import ROOT, Stat
 from ring.node import Node
 from ring.peer import SIGNED_BODY_SHA256
-from spark_connector.files import INLINE_BYTES_MAX, Entry, decode_entry, encode_entry
+from spark_connector.files import (
+    INLINE_BYTES_MAX,
+    STAT_BYTES,
+    Entry,
+    decode_entry,
+    decode_stat,
+    encode_entry,
+)
 
 __all__ = ["FsError", "Namespace", "install"]
 
@@ -70,8 +77,14 @@ log = logging.getLogger(__name__)
 
 # A compare-and-set that loses to a concurrent writer is retried this many times.
 CAS_ATTEMPTS_MAX = 8
-# Records read at once when listing a directory or deleting one.
+# Records deleted at once when deleting a directory.
 CHILD_READS_MAX = 16
+# Scans of one listing (pages of entries, or more when peers' pages end apart), and of
+# one recursive delete (LIST_LIMIT_MAX entries each).
+LIST_PAGES_MAX = 8
+# Records a listing looks at under a subdirectory that has no record of its own.
+IMPLIED_CHECK_RECORDS = 64
+DELETE_PAGES_MAX = 100
 # A read of at least this many chunks goes through recovery's executor (a plan along
 # star, line or tree), a window of RECOVERY_WINDOW_CHUNKS at a time; fewer are fetched
 # directly.
@@ -128,28 +141,18 @@ class Namespace:
 
     # -- reading ------------------------------------------------------------------------
 
-    async def _file(self, path: str, *, include_deleted: bool = False) -> RecordValue | None:
-        return await self.client.get_record(
-            fs_api.file_key(path), include_deleted=include_deleted, allow_stale=True
-        )
-
     async def find(self, path: str) -> _Found:
-        """The file or directory at ``path``."""
+        """The file or directory at ``path`` (one record read)."""
         if path == ROOT:
             return _Found(Stat(ROOT, "directory", 0, 0, 0))
-        record, marker = await asyncio.gather(
-            self._file(path),
-            self.client.get_record(fs_api.directory_key(path), allow_stale=True),
-        )
-        if record is not None:
-            entry = decode_entry(record.value)
-            return _Found(
-                Stat(path, "file", entry.size, entry.mtime_ms, record.version), record, entry
-            )
-        if marker is not None:
-            entry = decode_entry(marker.value)
-            return _Found(Stat(path, "directory", 0, entry.mtime_ms, marker.version))
-        return _Found(None)
+        record = await self.client.get_record(fs_api.path_key(path), allow_stale=True)
+        if record is None:
+            return _Found(None)
+        entry = decode_entry(record.value)
+        stat = Stat(path, entry.type, entry.size, entry.mtime_ms, record.version)
+        if entry.type == "directory":
+            return _Found(stat)
+        return _Found(stat, record, entry)
 
     async def stat(self, path: str) -> Stat:
         found = await self.find(path)
@@ -218,45 +221,54 @@ class Namespace:
         await recover(self.client, list(dict.fromkeys(chunk_ids)), "auto", sink)
         return fetched
 
-    async def children(self, path: str) -> list[Stat]:
-        """The direct children of the directory at ``path``, by name."""
-        tail = "" if path == ROOT else path[1:] + "/"
-        files, dirs = await asyncio.gather(
-            self.client.list_records(fs_api.FILE_KEY_PREFIX + tail, limit=fs_api.LIST_LIMIT_MAX),
-            self.client.list_records(
-                fs_api.DIRECTORY_KEY_PREFIX + tail, limit=fs_api.LIST_LIMIT_MAX
-            ),
-        )
+    async def children(
+        self, path: str, *, after: str = "", limit: int = fs_api.LIST_LIMIT_MAX
+    ) -> tuple[list[Stat], bool]:
+        """Up to ``limit`` direct children of the directory at ``path`` whose names sort
+        after ``after``, by name, and whether there are more: a scan of the records
+        under it rolled up at the next "/" (one request per peer; records whose
+        acceptors disagree are read). A directory implied by records under it without
+        one of its own (left by a delete racing a create) is listed too."""
+        prefix = fs_api.entries_prefix(path)
         base = "" if path == ROOT else path
-        subdirs: set[str] = set()
-        direct_files: list[str] = []
-        for key in files:
-            rest = key[len(fs_api.FILE_KEY_PREFIX) + len(tail) :]
-            name, slash, _deeper = rest.partition("/")
-            if slash:
-                subdirs.add(name)
-            else:
-                direct_files.append(name)
-        for key in dirs:
-            rest = key[len(fs_api.DIRECTORY_KEY_PREFIX) + len(tail) :]
-            subdirs.add(rest.partition("/")[0])
-        found: dict[str, Stat] = {
-            name: Stat(f"{base}/{name}", "directory", 0, 0, 0) for name in subdirs
-        }
+        found: dict[str, Stat] = {}
+        cursor = prefix + after if after else ""
+        for _page in range(LIST_PAGES_MAX):
+            scan = await self.client.scan_records(
+                prefix, limit=limit, after=cursor, delimiter=True, head_bytes=STAT_BYTES
+            )
+            for record in scan.records:
+                name = record.key[len(prefix) :]
+                kind, size, mtime_ms = decode_stat(record.head)
+                found[name] = Stat(f"{base}/{name}", kind, size, mtime_ms, record.version)
+            implied = [r[len(prefix) : -1] for r in scan.prefixes]
+            for name in await self._implied([n for n in implied if n not in found], prefix):
+                found[name] = Stat(f"{base}/{name}", "directory", 0, 0, 0)
+            names = sorted(name for name in found if name > after)
+            if len(names) > limit or not scan.truncated:
+                return [found[name] for name in names[:limit]], len(names) > limit
+            cursor = scan.last
+        raise FsError(503, "contention", f"{path}: the listing did not settle; list again")
+
+    async def _implied(self, names: list[str], prefix: str) -> list[str]:
+        """Of the subdirectories some peer holds live records under but that have no
+        record of their own (a create that raced a recursive delete, or a peer that
+        missed deletes), those under which a live record is chosen."""
         slots = asyncio.Semaphore(CHILD_READS_MAX)
+        live: list[str] = []
 
         async def one(name: str) -> None:
             async with slots:
-                child = f"{base}/{name}"
-                record = await self._file(child)
-            if record is not None:  # else deleted since it was listed
-                entry = decode_entry(record.value)
-                found[name] = Stat(child, "file", entry.size, entry.mtime_ms, record.version)
+                scan = await self.client.scan_records(
+                    f"{prefix}{name}/", limit=IMPLIED_CHECK_RECORDS
+                )
+            if scan.records or scan.truncated:  # truncated: not known empty, so shown
+                live.append(name)
 
         async with asyncio.TaskGroup() as group:
-            for name in direct_files:
+            for name in names:
                 group.create_task(one(name))
-        return [found[name] for name in sorted(found)]
+        return live
 
     # -- changing -----------------------------------------------------------------------
 
@@ -279,27 +291,38 @@ class Namespace:
 
     async def _make_parents(self, path: str) -> None:
         """Every directory above ``path`` is one: 409 "parent_is_file" where a file is,
-        and a directory record made where none is (so a directory is always marked:
-        stat and the checks below read one record, never list)."""
+        and a directory record made where none is, top down (so a directory is always
+        marked, and only once the one above it is: stat and the checks here read one
+        record, never list). A parent known or found to be a directory stands for the
+        ones above it, so a create in a busy directory reads at most one record."""
         parts = fs_api.components(path)
         ancestors = ["/" + "/".join(parts[:depth]) for depth in range(1, len(parts))]
+        if not ancestors or self._is_known(ancestors[-1]):
+            return
+        closest = await self.find(ancestors[-1])
+        if closest.stat is not None and closest.stat.type == "directory":
+            self._note_known(ancestors[-1])
+            return
         unknown = [a for a in ancestors if not self._is_known(a)]
         found = await asyncio.gather(*(self.find(a) for a in unknown))
         for ancestor, seen in zip(unknown, found, strict=True):
             if seen.stat is not None and seen.stat.type == "file":
                 raise FsError(409, "parent_is_file", f"{ancestor} is a file")
-        missing = [a for a, seen in zip(unknown, found, strict=True) if seen.stat is None]
-        await asyncio.gather(*(self._mark(a) for a in missing))
-        for ancestor in unknown:
+        for ancestor, seen in zip(unknown, found, strict=True):
+            if seen.stat is None:
+                await self._mark(ancestor)
             self._note_known(ancestor)
 
     async def _mark(self, directory: str) -> bool:
-        """Write ``directory``'s record unless one is there; whether this wrote it."""
+        """Write ``directory``'s record unless one is there; whether this wrote it
+        (409 "parent_is_file" when a file is there)."""
         value = encode_entry(Entry("directory", 0, self._wall_ms()))
-        key = fs_api.directory_key(directory)
+        key = fs_api.path_key(directory)
         for _attempt in range(CAS_ATTEMPTS_MAX):
             current = await self.client.get_record(key, include_deleted=True)
             if current is not None and not current.deleted:
+                if decode_entry(current.value).type == "file":
+                    raise FsError(409, "parent_is_file", f"{directory} is a file")
                 return False
             try:
                 await self.client.put_record(
@@ -310,10 +333,8 @@ class Namespace:
             return True
         raise FsError(503, "contention", f"{directory}: {CAS_ATTEMPTS_MAX} writers won")
 
-    async def _check_not_directory(self, path: str) -> None:
-        if self._is_known(path) or await self.client.get_record(
-            fs_api.directory_key(path), allow_stale=True
-        ):
+    def _check_not_known_directory(self, path: str) -> None:
+        if self._is_known(path):
             raise FsError(409, "is_directory", f"{path} is a directory")
 
     async def _store(
@@ -325,21 +346,29 @@ class Namespace:
         op: str,
         known: RecordValue | Literal[False] | None = False,
     ) -> Stat:
-        """Name ``entry`` at ``path``: a compare-and-set on the file's record, retried
+        """Name ``entry`` at ``path``: a compare-and-set on the path's record, retried
         when a concurrent writer wins the version (``exists`` if it made a file there
-        and ``overwrite`` is off). ``known``: the record as the caller just read it
-        (tombstones included), for the first attempt."""
-        key = fs_api.file_key(path)
+        and ``overwrite`` is off; ``is_directory`` where a directory is). ``known``: the
+        record as the caller just read it (tombstones included), for the first attempt;
+        without it the first attempt creates, as if the path were new (most are: one
+        round instead of a read and a round)."""
+        key = fs_api.path_key(path)
         value = encode_entry(entry)
+        current: RecordValue | None = None
         for attempt in range(CAS_ATTEMPTS_MAX):
-            if attempt == 0 and known is not False:
-                current = known
-            else:
-                current = await self.client.get_record(key, include_deleted=True)
-            if current is not None and current.op == op and not current.deleted:
-                return _stat_of(path, current)
-            if current is not None and not current.deleted and not overwrite:
-                raise FsError(409, "exists", f"{path} exists")
+            if attempt > 0 or known is not False:
+                current = (
+                    known
+                    if attempt == 0 and known is not False
+                    else (await self.client.get_record(key, include_deleted=True))
+                )
+                if current is not None and current.op == op and not current.deleted:
+                    return _stat_of(path, current)
+                if current is not None and not current.deleted:
+                    if decode_entry(current.value).type == "directory":
+                        raise FsError(409, "is_directory", f"{path} is a directory")
+                    if not overwrite:
+                        raise FsError(409, "exists", f"{path} exists")
             expected = 0 if current is None else current.version
             try:
                 version = await self.client.put_record(
@@ -356,7 +385,8 @@ class Namespace:
         """Store the file ``body`` gives (its bytes, already bounded) at ``path``."""
         if path == ROOT:
             raise FsError(409, "is_directory", "the root is a directory")
-        await asyncio.gather(self._make_parents(path), self._check_not_directory(path))
+        self._check_not_known_directory(path)
+        await self._make_parents(path)
         entry = await self._upload(body)
         return await self._store(path, entry, overwrite=overwrite, op=op)
 
@@ -413,47 +443,50 @@ class Namespace:
         if found.stat is None:
             return 0
         if found.record is not None:
-            return await self._delete_key(fs_api.file_key(path))
-        tail = "" if path == ROOT else path[1:] + "/"
-        keys = [
-            *(
-                await self.client.list_records(
-                    fs_api.FILE_KEY_PREFIX + tail, limit=fs_api.LIST_LIMIT_MAX
-                )
-            ),
-            *(
-                await self.client.list_records(
-                    fs_api.DIRECTORY_KEY_PREFIX + tail, limit=fs_api.LIST_LIMIT_MAX
-                )
-            ),
-        ]
-        if keys and not recursive:
-            raise FsError(409, "not_empty", f"{path} is a directory that is not empty")
+            return await self._delete_key(fs_api.path_key(path), found.record.version)
+        prefix = fs_api.entries_prefix(path)
+        if not recursive:
+            under = await self.client.scan_records(prefix, limit=1)
+            if under.records:
+                raise FsError(409, "not_empty", f"{path} is a directory that is not empty")
         self._forget_known(path)
         removed = 0
         slots = asyncio.Semaphore(CHILD_READS_MAX)
 
-        async def one(key: str) -> None:
+        async def one(key: str, version: int) -> None:
             nonlocal removed
             async with slots:
-                gone = await self._delete_key(key)
+                gone = await self._delete_key(key, version)
             removed += gone
 
-        async with asyncio.TaskGroup() as group:
-            for key in keys:
-                group.create_task(one(key))
+        # Page by page (each page's entries are gone before the next is scanned), at
+        # most DELETE_PAGES_MAX pages: a bigger tree is deleted by asking again.
+        for _page in range(DELETE_PAGES_MAX):
+            scan = await self.client.scan_records(prefix, limit=fs_api.LIST_LIMIT_MAX)
+            async with asyncio.TaskGroup() as group:
+                for record in scan.records:
+                    group.create_task(one(record.key, record.version))
+            if not scan.truncated:
+                break
+        else:
+            raise FsError(503, "too_large", f"{path}: deleted {removed} entries; delete again")
         if path != ROOT:
-            removed += await self._delete_key(fs_api.directory_key(path))
+            removed += await self._delete_key(fs_api.path_key(path), found.stat.version)
         return max(removed, 1)
 
-    async def _delete_key(self, key: str) -> int:
+    async def _delete_key(self, key: str, version: int) -> int:
+        """Delete ``key`` as read at ``version`` (read again when it changed)."""
+        expected: int | None = version
         for _attempt in range(CAS_ATTEMPTS_MAX):
-            current = await self.client.get_record(key)
-            if current is None:
-                return 0
+            if expected is None:
+                current = await self.client.get_record(key)
+                if current is None:
+                    return 0
+                expected = current.version
             try:
-                await self.client.delete_record(key, expected_version=current.version)
+                await self.client.delete_record(key, expected_version=expected)
             except (RecordConflict, RecordUnknown):
+                expected = None
                 continue
             return 1
         raise FsError(503, "contention", f"{key}: {CAS_ATTEMPTS_MAX} concurrent writers won")
@@ -467,7 +500,7 @@ class Namespace:
         ):
             raise FsError(409, "is_directory", f"{target} is the root or under {source}")
         done, found = await asyncio.gather(
-            self.client.get_record(fs_api.file_key(target), include_deleted=True),
+            self.client.get_record(fs_api.path_key(target), include_deleted=True),
             self.find(source),
         )
         if done is not None and done.op == op and not done.deleted:
@@ -479,7 +512,8 @@ class Namespace:
             raise _not_found(source)
         if found.entry is None or found.record is None:
             raise FsError(409, "is_directory", f"{source} is a directory (renamed file by file)")
-        await asyncio.gather(self._make_parents(target), self._check_not_directory(target))
+        self._check_not_known_directory(target)
+        await self._make_parents(target)
         stat = await self._store(target, found.entry, overwrite=overwrite, op=op, known=done)
         await self._delete_source(source, found.record.version)
         return stat
@@ -488,7 +522,7 @@ class Namespace:
         """Delete the source of a rename at the version that was moved, unless someone
         wrote it again meanwhile (then it stays: it is another file now)."""
         try:
-            await self.client.delete_record(fs_api.file_key(path), expected_version=version)
+            await self.client.delete_record(fs_api.path_key(path), expected_version=version)
         except (RecordConflict, RecordUnknown):
             log.info("rename: %s changed while it was moved; left in place", path)
 
@@ -648,12 +682,17 @@ class FileService:
         limit = api.parse_int(
             request.query.get("limit"), "limit", fs_api.LIST_LIMIT_MAX, fs_api.LIST_LIMIT_MAX
         )
-        stat = await self.ns.stat(path)
+        # The listing and the stat of the directory at once: most listings are of
+        # directories, and a file's (or a missing path's) scan finds nothing anyway.
+        try:
+            async with asyncio.TaskGroup() as group:
+                stat_task = group.create_task(self.ns.stat(path))
+                listing = group.create_task(self.ns.children(path, after=after, limit=limit))
+        except BaseExceptionGroup as group_error:
+            raise first_error(group_error) from None
+        stat, (entries, truncated) = stat_task.result(), listing.result()
         if stat.type == "file":
             entries, truncated = [stat], False
-        else:
-            children = [c for c in await self.ns.children(path) if c.name > after]
-            entries, truncated = children[:limit], len(children) > limit
         return web.json_response(
             {
                 "path": path,

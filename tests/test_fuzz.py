@@ -42,7 +42,10 @@ ROUTES = sorted(
 )
 # Signed, these would stop the peer on purpose; unsigned or tampered they are fuzzed too.
 SIGNED_EXCLUDED = {api.ADMIN_LEAVE, api.ADMIN_KILL}
-QUERY_NAMES = ["limit", "prefix", "deleted", "hint", "ballot", "next", "view"]
+QUERY_NAMES = [
+    "limit", "prefix", "deleted", "hint", "ballot", "next", "view", "scan", "head", "after",
+    "delimiter",
+]  # fmt: skip
 NUMBERS = [
     "0", "1", "7", "-1", "1.5", "1e3", "0x10", "", "NaN", "Infinity", "%00", "%",
     "%zz", "9" * 19, "18446744073709551616", "9" * 4000, str(api.VERSION_MAX),
@@ -134,6 +137,8 @@ def _query_value(rng: random.Random, name: str, stored: Stored) -> str:
         return _ballot(rng)
     if name == "view":
         return _view(rng, stored)
+    if name in ("prefix", "after") and rng.random() < 0.5:
+        return rng.choice(["fuzz/", "fuzz", "x" * 2000, "%C3%A9/", "%00", "/"])
     return rng.choice(NUMBERS)
 
 

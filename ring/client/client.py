@@ -32,12 +32,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ring import codec
+from ring import api, codec
 from ring.auth import SECRET_CHARS_MIN
 from ring.blobs import BlobRef
 from ring.client.admin import Admin, LeaveReport, RingStatus
 from ring.client.chunks import ChunkIO, first_error
-from ring.client.options import BLOB_KEY_PREFIX, ClientOptions, Progress, RecordValue, Source
+from ring.client.options import (
+    BLOB_KEY_PREFIX,
+    ClientOptions,
+    Progress,
+    RecordScan,
+    RecordValue,
+    Source,
+)
 from ring.client.records import RecordIO
 from ring.client.view import RingTracker, RingView, parse_seeds
 from ring.config import resolve
@@ -294,6 +301,15 @@ class Client:
 
     async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
         return await self.records.list_records(prefix, limit=limit)
+
+    async def scan_records(
+        self, prefix: str, *, limit: int = api.LIST_LIMIT_MAX, after: str = "",
+        delimiter: bool = False, head_bytes: int = 0, include_deleted: bool = False,
+    ) -> RecordScan:  # fmt: skip
+        return await self.records.scan_records(
+            prefix, limit=limit, after=after, delimiter=delimiter, head_bytes=head_bytes,
+            include_deleted=include_deleted,
+        )  # fmt: skip
 
     # -- membership and status ----------------------------------------------------------
 

@@ -16,7 +16,9 @@ __all__ = [
     "TRANSFERS_MAX_DEFAULT",
     "ClientOptions",
     "Progress",
+    "RecordScan",
     "RecordValue",
+    "ScannedRecord",
     "Source",
     "file_source",
 ]
@@ -88,6 +90,31 @@ class RecordValue:
     settled: bool = True
     # The id of the operation that wrote this version (``put_record(op=...)``).
     op: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedRecord:
+    """A record a scan found, as chosen: its version, op, whether it is a tombstone, and
+    the first bytes of its value (as many as the scan asked for)."""
+
+    key: str
+    version: int
+    head: bytes
+    deleted: bool = False
+    op: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordScan:
+    """A page of a scan, in key order: records, and the prefixes a delimiter rolled up.
+    ``truncated``: there may be more past ``last`` (scan again with ``after=last``).
+    ``read``: records whose acceptors' slots did not agree, read one by one instead."""
+
+    records: list[ScannedRecord]
+    prefixes: list[str]
+    truncated: bool
+    last: str
+    read: int
 
 
 def file_source(path: Path) -> Source:

@@ -13,12 +13,14 @@ different sizes need not meet.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from ring import api, paxos
-from ring.client.options import RecordValue
-from ring.client.proposer import Proposer
+from ring.client.options import RecordScan, RecordValue, ScannedRecord
+from ring.client.proposer import Acceptors, Proposer
 from ring.client.view import RingTracker
 from ring.errors import (
     DataUnavailable,
@@ -27,17 +29,82 @@ from ring.errors import (
     RecordConflict,
     RecordUnknown,
 )
-from ring.paxos import Value
+from ring.paxos import Ballot, Slot, Value
 from ring.placement import Member
 from ring.transport import Transport
 
-__all__ = ["RecordIO"]
+__all__ = ["RecordIO", "ScanVerdict", "scan_verdicts"]
 
 # A read asks again with a refreshed member table at most this many times when an
 # acceptor computes other acceptors for the key.
 READ_REFRESHES_MAX = 2
 # Operation ids, as ``Proposer.new_op`` makes them.
 OP_PATTERN = re.compile(r"^[0-9a-f]{24}$")
+
+
+# Records of one scan read one by one at once, when their acceptors' slots disagree.
+SCAN_READS_MAX = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ScanVerdict:
+    """What the pages of a scan tell: the records whose acceptors' slots show the value
+    chosen (EMPTY ones included, the caller drops them), the keys a read must settle,
+    the rolled-up prefixes, and how far the pages reach together."""
+
+    chosen: dict[str, Value]
+    undecided: list[str]
+    prefixes: list[str]
+    truncated: bool
+    last: str
+
+
+def scan_verdicts(
+    pages: Mapping[str, api.ScanAnswer],
+    placement: str,
+    acceptors_of: Callable[[str], Acceptors],
+) -> ScanVerdict:
+    """Judge each key the pages name, from the slots its acceptors reported, as a read
+    would (``paxos.chosen_value``). A peer's slot counts only if it places keys as the
+    client does (``placement``), covered the key (not past the end of a truncated page),
+    and is caught up on it; a peer that lists nothing for a key counts as having
+    accepted nothing only when it is settled (else it may not have caught up)."""
+    truncated_at = [page.last for page in pages.values() if page.truncated]
+    cut = min(truncated_at) if truncated_at else None
+    index = {
+        peer_id: {record.key: record for record in page.records} for peer_id, page in pages.items()
+    }
+    keys = sorted({key for held in index.values() for key in held if cut is None or key <= cut})
+    chosen: dict[str, Value] = {}
+    undecided: list[str] = []
+    for key in keys:
+        acceptors = acceptors_of(key)
+        slots: list[Slot] = []
+        for member in acceptors.members:
+            page = pages.get(member.peer_id)
+            if page is None or page.placement != placement:
+                continue
+            if page.truncated and key > page.last:
+                continue
+            record = index[member.peer_id].get(key)
+            if record is None:
+                if page.settled:
+                    slots.append(paxos.NOTHING)
+                continue
+            if not record.synced:
+                continue
+            accepted = Ballot.parse(record.accepted) if record.accepted else None
+            held = Value(record.version, record.head, (), record.deleted, record.op)
+            slots.append(Slot(accepted or paxos.FAST, accepted, held))
+        decided = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
+        if decided is None:
+            undecided.append(key)
+        else:
+            chosen[key] = decided
+    prefixes = sorted(
+        {p for page in pages.values() for p in page.prefixes if cut is None or p <= cut}
+    )
+    return ScanVerdict(chosen, undecided, prefixes, cut is not None, cut or "")
 
 
 class RecordIO:
@@ -163,6 +230,58 @@ class RecordIO:
         if OP_PATTERN.fullmatch(op) is None:
             raise ProtocolError("an operation id is 24 lowercase hex digits")
         return op
+
+    async def scan_records(
+        self, prefix: str, *, limit: int = api.LIST_LIMIT_MAX, after: str = "",
+        delimiter: bool = False, head_bytes: int = 0, include_deleted: bool = False,
+    ) -> RecordScan:  # fmt: skip
+        """The records under ``prefix`` past ``after``, each as chosen, with the first
+        ``head_bytes`` of its value: one request per peer, where listing and reading each
+        record would cost a read of R acceptors per record. Every peer answers with its
+        slots; a record whose acceptors' slots show its value chosen (as a read would
+        see them) is taken from them, and the others are read one by one (a round when
+        needed), so every record is what a read would have returned. With
+        ``delimiter``, keys with a "/" past the prefix come back rolled up into
+        ``prefixes``. Records on no reachable peer are not seen, as in ``list_records``."""
+        if not 0 < limit <= api.LIST_LIMIT_MAX:
+            raise ProtocolError(f"a scan takes 1..{api.LIST_LIMIT_MAX} records at a time")
+        view = await self._view.ring()
+        path = api.records_scan_path(
+            prefix, limit, after=after, delimiter=delimiter, head_bytes=head_bytes
+        )
+
+        async def one(member: Member, _hint: Member | None) -> api.ScanAnswer:
+            answer = await self._transport.request(member.address, api.RECORDS_LIST.method, path)
+            return api.parse_scan_answer(answer.json(), limit)
+
+        result = await self._view.fan_out(
+            view.ring.members, len(view.ring), one, attempt_s=self._view.options.list_attempt_s
+        )
+        pages = {member.peer_id: page for member, page in result.answers}
+        if not pages:
+            raise DataUnavailable([prefix], result.causes)
+        verdict = scan_verdicts(
+            pages, paxos.placement_digest(view.ring.members), lambda key: Acceptors.of(view, key)
+        )
+        found = dict(verdict.chosen)
+        slots = asyncio.Semaphore(SCAN_READS_MAX)
+
+        async def read(key: str) -> None:
+            async with slots:
+                value, _settled = await self.read_value(key, allow_stale=True)
+            found[key] = value
+
+        async with asyncio.TaskGroup() as group:
+            for key in verdict.undecided:
+                group.create_task(read(key))
+        records = [
+            ScannedRecord(key, value.version, value.data[:head_bytes], value.deleted, value.op)
+            for key, value in sorted(found.items())
+            if value.version > 0 and (include_deleted or not value.deleted)
+        ]
+        return RecordScan(
+            records, verdict.prefixes, verdict.truncated, verdict.last, len(verdict.undecided)
+        )
 
     async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
         """Keys under ``prefix`` with the newest version any reachable peer knows (keys
