@@ -126,8 +126,11 @@ class ChunkStore:
         if chunk_id in self._index:
             self._last_stored[chunk_id] = self._clock()
             return False
-        # Checked before it is written: the full decode proves header, payload and address.
-        await asyncio.to_thread(codec.decode_view, stored, chunk_id)
+        # Checked before it is written: header, payload checksum and the id it claims
+        # (the body itself is signed by its writer). The full decode, which proves the
+        # content address, is for reads (every reader does it) and the scrubber: on the
+        # write path it would cost each of R replicas a decompression of every byte.
+        await asyncio.to_thread(codec.verify_stored, stored, chunk_id)
         if (
             self._capacity_bytes is not None
             and self._stored_bytes + len(stored) > self._capacity_bytes

@@ -48,6 +48,7 @@ __all__ = [
     "is_chunk_id",
     "parse_header",
     "verify_stored",
+    "worth_compressing",
 ]
 
 MAGIC = b"SR3C"
@@ -67,6 +68,14 @@ ZSTD_LEVEL = 1
 # Compression must save at least this fraction to be kept; otherwise the payload is raw
 # and reads skip decompression.
 COMPRESSION_GAIN_MIN = 0.03
+# Before compressing a chunk, a sample of it (slices from its start, middle and end) is
+# compressed: a chunk whose sample saves less than SAMPLE_GAIN_MIN is stored raw without
+# compressing the rest. What Spark writes is mostly compressed already (LZ4 delta and
+# snapshot files, compressed RocksDB SST files): compressing it again costs the writer
+# CPU and every reader a decompression, for a few percent.
+SAMPLE_SLICE_BYTES = 32 * 1024
+SAMPLE_SLICES = 3
+SAMPLE_GAIN_MIN = 0.10
 
 _local = threading.local()
 
@@ -110,14 +119,28 @@ def is_chunk_id(text: str) -> bool:
     return CHUNK_ID_PATTERN.match(text) is not None
 
 
-def encode(raw: bytes | memoryview, *, compress: bool = True) -> tuple[str, bytes]:
-    """Return ``(chunk_id, stored_form)`` for raw chunk bytes."""
+def worth_compressing(raw: bytes | memoryview) -> bool:
+    """Whether a sample of ``raw`` compresses by at least ``SAMPLE_GAIN_MIN`` (small
+    chunks are simply tried whole)."""
+    if len(raw) <= 2 * SAMPLE_SLICES * SAMPLE_SLICE_BYTES:
+        return True
+    view = memoryview(raw)
+    step = (len(raw) - SAMPLE_SLICE_BYTES) // (SAMPLE_SLICES - 1)
+    sample = b"".join(view[i * step : i * step + SAMPLE_SLICE_BYTES] for i in range(SAMPLE_SLICES))
+    return len(_compressor().compress(sample)) <= len(sample) * (1.0 - SAMPLE_GAIN_MIN)
+
+
+def encode(
+    raw: bytes | memoryview, *, compress: bool = True, sample: bool = True
+) -> tuple[str, bytes]:
+    """Return ``(chunk_id, stored_form)`` for raw chunk bytes: compressed when
+    ``compress`` and it pays (a sample first, unless ``sample`` is off; then the whole)."""
     if len(raw) > CHUNK_BYTES_MAX:
         raise ChunkTooLarge(f"chunk of {len(raw)} bytes is above the limit of {CHUNK_BYTES_MAX}")
     digest = xxhash.xxh3_128_digest(raw)
     codec = CODEC_RAW
     payload: bytes | memoryview = raw
-    if compress and len(raw) > 0:
+    if compress and len(raw) > 0 and (not sample or worth_compressing(raw)):
         packed = _compressor().compress(raw)
         if len(packed) <= len(raw) * (1.0 - COMPRESSION_GAIN_MIN):
             codec, payload = CODEC_ZSTD, packed

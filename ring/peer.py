@@ -46,7 +46,7 @@ from ring.paxos import Ballot, Preempted
 from ring.peer_config import PeerConfig
 from ring.records import validate_key
 
-__all__ = ["SIGNED_BODY_SHA256", "AppExtension", "PeerConfig", "build_app"]
+__all__ = ["SIGNED_BODY_DIGEST", "AppExtension", "PeerConfig", "build_app"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ AppExtension = Callable[[web.Application, Node], None]
 
 
 # Where a handler of a streamed-body route finds the body digest the request signed.
-SIGNED_BODY_SHA256 = "sr3.signed_body_sha256"
+SIGNED_BODY_DIGEST = "sr3.signed_body_digest"
 
 
 def _canonical(route: Route) -> tuple[str, str]:
@@ -262,7 +262,7 @@ class Peer:
         _authorize(request, principal)
         if _streamed_body(request):
             # Read (bounded) and checked against the digest by the handler as it goes.
-            request[SIGNED_BODY_SHA256] = digest
+            request[SIGNED_BODY_DIGEST] = digest
             return
         body = await request.read() if request.body_exists else None
         self.verifier.verify_body(digest, body)

@@ -25,7 +25,7 @@ from aiohttp.payload import Payload
 from yarl import URL
 
 from ring import api
-from ring.auth import ANY_TARGET, Signer
+from ring.auth import ANY_TARGET, BodyDigest, Signer, digest_of
 from ring.errors import AuthError, PeerRejected, PeerUnavailable, ProtocolError
 
 __all__ = ["BodyStream", "Response", "Timeouts", "Transport"]
@@ -166,6 +166,11 @@ class Transport:
         self._round_trips: deque[float] = deque(maxlen=SAMPLES_MAX)
         self._in_flight: dict[str, _InFlight] = {}
 
+    def digest(self, body: bytes | memoryview | None) -> BodyDigest:
+        """The digest a signature of ``body`` covers (compute it once per body, off the
+        event loop for a large one, and pass it to every ``request`` sending it)."""
+        return digest_of(body, self._signer.algorithm)
+
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(
@@ -197,14 +202,16 @@ class Transport:
         body_bytes_max: int = JSON_BYTES_MAX,
         ok: tuple[int, ...] = (200, 201),
         any_target: bool = False,
+        body_digest: BodyDigest | None = None,
     ) -> Response:
         """Send one signed request; raise unless the status is in ``ok``.
 
         The signature names ``address`` as its target, or ``*`` with ``any_target`` (only
         peers' ``GET /v1/ring`` accepts that: a seed's advertised address is not yet known).
+        ``body_digest``: the body's (``digest``), for a body sent to several peers.
         """
         target = ANY_TARGET if any_target else address
-        headers = self._signer.headers(method, path_qs, body, target=target)
+        headers = self._signer.headers(method, path_qs, body, target=target, digest=body_digest)
         url = URL(f"http://{address}{path_qs}", encoded=True)
         # aiohttp sends a large bytes body in one write and warns (ResourceWarning) that
         # it may stall the loop; a large body is streamed in slices instead.

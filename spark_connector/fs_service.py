@@ -29,7 +29,6 @@ value; a retry that finds its own op there answers as the first attempt would ha
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import secrets
@@ -45,7 +44,7 @@ from aiohttp import web
 from recovery.executor import recover
 from ring import api, fs_api
 from ring.api import Route
-from ring.auth import AuthFailure
+from ring.auth import AuthFailure, BodyDigest
 from ring.blobs import BlobRef, Extent
 from ring.client import Client, ClientOptions
 from ring.client.chunks import first_error
@@ -61,7 +60,7 @@ from ring.errors import (
 )
 from ring.fs_api import ROOT, Stat
 from ring.node import Node
-from ring.peer import SIGNED_BODY_SHA256
+from ring.peer import SIGNED_BODY_DIGEST
 from spark_connector.files import (
     INLINE_BYTES_MAX,
     STAT_BYTES,
@@ -622,10 +621,10 @@ class FileService:
         path = _path(request)
         overwrite = _flag(request, "overwrite")
         op = _op(request)
-        signed = request.get(SIGNED_BODY_SHA256)
-        if not isinstance(signed, str):
+        signed = request.get(SIGNED_BODY_DIGEST)
+        if not isinstance(signed, BodyDigest):
             raise AuthFailure("the body of a file is signed")
-        digest = hashlib.sha256()
+        digest = signed.hasher()
         verified = False
 
         async def body() -> AsyncIterator[bytes]:
@@ -639,7 +638,7 @@ class FileService:
                     )
                 digest.update(piece)
                 yield piece
-            if not hmac.compare_digest(digest.hexdigest(), signed):
+            if not hmac.compare_digest(digest.hexdigest(), signed.hex):
                 raise AuthFailure("body does not match its signed digest")
             verified = True
 

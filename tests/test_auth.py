@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 
+import blake3
 import pytest
 
 from ring import auth
 from ring.auth import (
     HEADER_AUTHORIZATION,
+    HEADER_CONTENT_BLAKE3,
     HEADER_CONTENT_SHA256,
     HEADER_NONCE,
     HEADER_TARGET,
@@ -61,6 +63,20 @@ def test_fresh_nonce_per_request() -> None:
     )
 
 
+def test_sha256_bodies_verify_as_blake3_ones_do() -> None:
+    """The Java FileSystem signs with SHA-256, Python clients with BLAKE3: both verify,
+    and a digest given to ``headers`` is used as is (computed once per body)."""
+    verifier = Verifier(SECRET, Clock())
+    sha = Signer(SECRET, Clock(), algorithm="sha256").headers("PUT", PATH, BODY)
+    assert sha[HEADER_CONTENT_SHA256] == hashlib.sha256(BODY).hexdigest()
+    assert HEADER_CONTENT_BLAKE3 not in sha
+    verifier.verify("PUT", PATH, sha, BODY)
+    digest = auth.digest_of(BODY)
+    given = Signer(SECRET, Clock()).headers("PUT", PATH, None, digest=digest)
+    assert given[HEADER_CONTENT_BLAKE3] == blake3.blake3(BODY).hexdigest()
+    verifier.verify("PUT", PATH, given, BODY)
+
+
 def _flip_hex(text: str) -> str:
     return ("1" if text[0] == "0" else "0") + text[1:]
 
@@ -81,8 +97,23 @@ TAMPERS = {
     "digest header matching another body": lambda h: (
         "PUT",
         PATH,
-        {**h, HEADER_CONTENT_SHA256: hashlib.sha256(b"other").hexdigest()},
+        {**h, HEADER_CONTENT_BLAKE3: blake3.blake3(b"other").hexdigest()},
         b"other",
+    ),
+    "the digest named as the other algorithm's": lambda h: (
+        "PUT",
+        PATH,
+        {
+            **{k: v for k, v in h.items() if k != HEADER_CONTENT_BLAKE3},
+            HEADER_CONTENT_SHA256: h[HEADER_CONTENT_BLAKE3],
+        },
+        BODY,
+    ),
+    "a second digest": lambda h: (
+        "PUT",
+        PATH,
+        {**h, HEADER_CONTENT_SHA256: hashlib.sha256(BODY).hexdigest()},
+        BODY,
     ),
     "signature": lambda h: (
         "PUT",
@@ -114,7 +145,7 @@ TAMPERS = {
     "no digest": lambda h: (
         "PUT",
         PATH,
-        {k: v for k, v in h.items() if k != HEADER_CONTENT_SHA256},
+        {k: v for k, v in h.items() if k != HEADER_CONTENT_BLAKE3},
         BODY,
     ),
     "non-numeric timestamp": lambda h: ("PUT", PATH, {**h, HEADER_TIMESTAMP: "1e9"}, BODY),

@@ -233,6 +233,30 @@ async def test_full_verify_quarantines_content_that_only_decompression_catches(
     assert not store.has(chunk_id)
 
 
+async def test_a_write_checks_the_stored_form_and_reads_check_the_content(
+    tmp_path: Path,
+) -> None:
+    """A write checks header, payload checksum and claimed id, not the content address
+    (decompressing every byte on each of R replicas; its writer signed the body). A body
+    whose content does not match the id its header claims is therefore written, and
+    must never be read as that chunk: the content check of every reader (``decode``)
+    and of the scrubber (``verify``, which quarantines it) catch it."""
+    store = _open(tmp_path)
+    chunk_id, _stored = codec.encode(random.Random(44).randbytes(4096))
+    _other_id, other = codec.encode(random.Random(45).randbytes(4096))
+    header = bytearray(other[: codec.HEADER_BYTES])
+    header[32:48] = bytes.fromhex(chunk_id)
+    forged = bytes(header) + other[codec.HEADER_BYTES :]
+    assert await store.put(chunk_id, forged)
+    served = await store.get(chunk_id)
+    assert served is not None
+    with pytest.raises(ChunkCorrupt):
+        codec.decode(served, chunk_id)
+    with pytest.raises(ChunkCorrupt):
+        await store.verify(chunk_id)
+    assert not store.has(chunk_id)
+
+
 async def test_quarantined_count_survives_restart_and_counts_chunks_only(tmp_path: Path) -> None:
     """Breaks: one chunk file and one record file on disk, then the peer restarts. Must
     hold: ``quarantined`` (a chunk figure) is 1 before and after the restart; the record

@@ -23,6 +23,7 @@ from typing import Any
 import xxhash
 
 from ring import api, codec
+from ring.auth import BodyDigest
 from ring.blobs import BlobRef, ChunkPlan, Extent, plan_chunks
 from ring.client.options import ClientOptions, Progress, Source, file_source
 from ring.client.view import Early, LatencyWindow, RingTracker, added_members
@@ -57,19 +58,26 @@ class ChunkIO:
     # -- one chunk ----------------------------------------------------------------------
 
     async def _put_chunk_to(
-        self, member: Member, chunk_id: str, stored: bytes, hint: Member | None
+        self, member: Member, chunk_id: str, stored: bytes, digest: BodyDigest, hint: Member | None
     ) -> None:
         path = api.chunk_path(chunk_id, hint=hint.peer_id if hint is not None else None)
-        await self._transport.request(member.address, api.CHUNK_PUT.method, path, body=stored)
+        await self._transport.request(
+            member.address, api.CHUNK_PUT.method, path, body=stored, body_digest=digest
+        )
+
+    def _encode(self, raw: bytes) -> tuple[str, bytes, BodyDigest]:
+        chunk_id, stored = codec.encode(raw)
+        return chunk_id, stored, self._transport.digest(stored)
 
     async def store_raw_chunk(self, raw: bytes) -> str:
-        chunk_id, stored = await asyncio.to_thread(codec.encode, raw)
+        # Encoded and digested once, off the event loop; every replica gets the same body.
+        chunk_id, stored, digest = await asyncio.to_thread(self._encode, raw)
         view = await self._view.ring()
         quorum = view.write_quorum
         result = await self._view.fan_out(
             view.ring.candidates(chunk_id, view.replication),
             view.replication,
-            lambda member, hint: self._put_chunk_to(member, chunk_id, stored, hint),
+            lambda member, hint: self._put_chunk_to(member, chunk_id, stored, digest, hint),
             early=Early(
                 lambda answers, _running: len(answers) >= quorum,
                 grace_s=self.write_latency.delay_s(),
