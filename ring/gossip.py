@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from ring import api
 from ring.codec import compact_json
@@ -28,7 +28,7 @@ from ring.loops import run_periodic
 from ring.membership import Entry, MemberTable
 from ring.transport import Transport
 
-__all__ = ["Gossiper"]
+__all__ = ["GossipTraffic", "Gossiper"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,20 @@ EXCHANGE_TIMEOUT_S = 2.0
 
 def _ids(entries: Collection[Entry]) -> set[str]:
     return {entry.peer_id for entry in entries}
+
+
+@dataclass(slots=True)
+class GossipTraffic:
+    """Bytes of gossip bodies a peer sent and received, and the messages."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages: int = 0
+
+    def count(self, *, received: int, sent: int) -> None:
+        self.bytes_received += received
+        self.bytes_sent += sent
+        self.messages += 2
 
 
 class Gossiper:
@@ -69,27 +83,30 @@ class Gossiper:
         self.ready = asyncio.Event()
         self.ready_after_s = ready_after_s
         self.on_change: Callable[[], Awaitable[None]] | None = None
+        # Gossip traffic, both ways, as bodies (each message also carries about half a
+        # kilobyte of HTTP and signing headers): exchanges this peer started and answered.
+        self.traffic = GossipTraffic()
 
-    def receive(self, data: Any) -> dict[str, Any]:
+    def receive(self, body: bytes) -> bytes:
         """Handle an incoming exchange: merge it, answer with our table."""
-        changed = self.table.merge(api.parse_member_table(data))
+        changed = self.table.merge(api.parse_member_table(api.parse_json_object(body)))
         if changed:
             log.info("member table: learned %s", ", ".join(changed))
             self._changed = True
-        return api.member_table_body(self.table.entries())
+        answer = compact_json(api.member_table_body(self.table.entries()))
+        self.traffic.count(received=len(body), sent=len(answer))
+        return answer
 
     _changed = False
 
     async def exchange(self, address: str) -> bool:
+        body = compact_json(api.member_table_body(self.table.entries()))
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
                 answer = await self._transport.request(
-                    address,
-                    api.GOSSIP.method,
-                    api.GOSSIP.pattern,
-                    body=compact_json(api.member_table_body(self.table.entries())),
-                    any_target=True,
+                    address, api.GOSSIP.method, api.GOSSIP.pattern, body=body, any_target=True
                 )
+            self.traffic.count(received=len(answer.body), sent=len(body))
             theirs = api.parse_member_table(answer.json())
             changed = self.table.merge(theirs)
         except (SR3Error, TimeoutError) as exc:

@@ -318,6 +318,7 @@ class Peer:
                     "tombstones_purged_total": node.collector.totals.tombstones_purged,
                 },
                 "overlay": overlay,
+                "gossip": asdict(node.gossiper.traffic),
                 # Read by the client that waits for this peer to leave: once it says
                 # "done", the peer may exit.
                 "leave": node.handover.read().to_json(),
@@ -347,8 +348,8 @@ class Peer:
         return web.json_response(api.members_answer(table.entries(), states))
 
     async def gossip(self, request: web.Request) -> web.Response:
-        answer = self.node.gossiper.receive(api.parse_json_object(await request.read()))
-        return web.json_response(answer)
+        answer = self.node.gossiper.receive(await request.read())
+        return web.Response(body=answer, content_type="application/json")
 
     async def leave(self, request: web.Request) -> web.Response:
         """Start handing the data over and leaving; 409 if too few peers would remain."""
