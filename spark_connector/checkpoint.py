@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from spark_connector.cut import (
@@ -50,6 +50,7 @@ def list_checkpoint(root: Path) -> list[FileEntry]:
     """
     entries = []
     for path, item in _list_items(root):
+        assert item is not None  # no floors: every file comes with its directory entry
         try:
             stat = item.stat(follow_symlinks=False)
         except FileNotFoundError:
@@ -60,25 +61,71 @@ def list_checkpoint(root: Path) -> list[FileEntry]:
     return entries
 
 
-def _list_items(root: Path) -> list[tuple[str, os.DirEntry[str]]]:
+def _list_items(
+    root: Path, floors: Mapping[str, int] | None = None
+) -> list[tuple[str, os.DirEntry[str] | None]]:
     """The files ``list_checkpoint`` lists, by path, sorted, without a stat of each (the
-    directory entries' types say what is a file)."""
-    paths: list[tuple[str, os.DirEntry[str]]] = []
+    directory entries' types say what is a file). ``floors``: state store directories
+    whose versioned files below a version are left out (see ``read_cut``); their files
+    come without a directory entry."""
+    paths: list[tuple[str, os.DirEntry[str] | None]] = []
     pending = [""]
     try:
         if not root.is_dir():
             raise CheckpointError(f"{root}: not a checkpoint directory")
         while pending:
             relative = pending.pop()
-            _scan(root, relative, paths, pending)
+            floor = floors.get(relative) if floors else None
+            if floor is None:
+                _scan(root, relative, paths, pending)
+            else:
+                _scan_above(root, relative, floor, paths, pending)
     except OSError as exc:
         raise CheckpointError(f"{root}: cannot list the checkpoint: {exc}") from exc
     paths.sort(key=lambda pair: pair[0])
     return paths
 
 
+def _scan_above(
+    root: Path,
+    relative: str,
+    floor: int,
+    paths: list[tuple[str, os.DirEntry[str] | None]],
+    pending: list[str],
+) -> None:
+    """A state store directory's names (``os.listdir``, no directory entries made), its
+    versioned files (``<version>.<kind>``) below ``floor`` left out unparsed: a store
+    keeps ``minBatchesToRetain`` (100) versions, of which a cut needs those from its base
+    on. Names that are not versioned files (``SSTs``, ``_metadata``) are walked as
+    ``_scan`` would."""
+    try:
+        names = os.listdir(root / relative)
+    except FileNotFoundError:
+        return
+    # Versions compared as text (no leading zeros: longer is larger), not parsed.
+    least = str(floor)
+    for name in names:
+        if name[0] == "." or name.endswith(".tmp"):
+            continue
+        version, dot, _kind = name.partition(".")
+        if dot and version.isdigit():
+            if len(version) > len(least) or (len(version) == len(least) and version >= least):
+                paths.append((f"{relative}/{name}", None))
+            continue
+        path = f"{relative}/{name}"
+        if os.path.isdir(root / path):
+            pending.append(path)
+        elif os.path.isfile(root / path):
+            paths.append((path, None))
+    if len(paths) > LISTING_ENTRIES_MAX:
+        raise CheckpointError(f"{root}: more than {LISTING_ENTRIES_MAX} files")
+
+
 def _scan(
-    root: Path, relative: str, paths: list[tuple[str, os.DirEntry[str]]], pending: list[str]
+    root: Path,
+    relative: str,
+    paths: list[tuple[str, os.DirEntry[str] | None]],
+    pending: list[str],
 ) -> None:
     try:
         with os.scandir(root / relative) as scan:
@@ -150,6 +197,7 @@ def read_cut(
     root: Path,
     batch_id: int | None = None,
     zip_cache: dict[str, tuple[FileEntry, tuple[FileEntry, ...]]] | None = None,
+    floors: Mapping[str, int] | None = None,
 ) -> Cut:
     """List ``root`` and cut it at ``batch_id`` (default: the newest committed batch),
     reading what the core cannot: the zips' SST lists and the number of partitions.
@@ -162,8 +210,15 @@ def read_cut(
     Only the files of the cut are stat-ed, after it is cut from the names: a checkpoint
     keeps ``spark.sql.streaming.minBatchesToRetain`` (100) versions of every partition,
     of which a cut needs a few. A file that vanishes before its stat (maintenance)
-    raises ``FileNotFoundError``: list again."""
-    names = [FileEntry(path, 0) for path, _item in _list_items(root)]
+    raises ``FileNotFoundError``: list again.
+
+    ``floors`` (``cut.version_floors`` of an earlier cut of the same checkpoint) leaves
+    out, unparsed, each store's versioned files below the base of that cut: a later cut
+    never builds on an older base (snapshots are only added, and Spark's cleanup keeps
+    the newest one a retained version needs), so what a push reads does not grow with
+    the versions Spark retains. A cut that cannot be made so raises ``CheckpointError``;
+    the caller cuts again without floors."""
+    names = [FileEntry(path, 0) for path, _item in _list_items(root, floors)]
     parsed = ParsedListing.of(names, all_visible=True)
     if batch_id is None:
         batches = parsed.committed()

@@ -81,6 +81,7 @@ __all__ = [
     "parse_query_id",
     "parse_zip_metadata",
     "snapshot_zips",
+    "version_floors",
 ]
 
 _BATCH_NAME = re.compile(r"0|[1-9][0-9]*")
@@ -147,6 +148,20 @@ def committed_batches(entries: Iterable[FileEntry]) -> list[int]:
 
 def _committed(visible: Sequence[FileEntry]) -> list[int]:
     return sorted(_batch_ids(visible, "offsets") & _batch_ids(visible, "commits"))
+
+
+def version_floors(cut: Cut) -> dict[str, int]:
+    """For each state store directory of ``cut``, the lowest version its versioned files
+    have (its base, or its first step): what a later cut of the same checkpoint reads
+    from (``read_cut(floors=...)``)."""
+    floors: dict[str, int] = {}
+    for entry in cut.files:
+        directory, _slash, name = entry.path.rpartition("/")
+        match = _STATE_FILE.fullmatch(name)
+        if match is not None and entry.path.startswith("state/"):
+            version = int(match["version"])
+            floors[directory] = min(version, floors.get(directory, version))
+    return floors
 
 
 def cut_for_batch(

@@ -49,7 +49,7 @@ from ring.errors import ConfigError, RecordConflict, SR3Error
 from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import delete_manifest, forget, query_batches
 from spark_connector.checkpoint import list_checkpoint, read_cut, read_query_id
-from spark_connector.cut import CheckpointError, FileEntry, committed_batches
+from spark_connector.cut import CheckpointError, Cut, FileEntry, committed_batches, version_floors
 from spark_connector.manifest import Manifest, ManifestFile, manifest_key
 
 __all__ = [
@@ -126,6 +126,10 @@ class Pusher:
         self._referenced_at = 0.0
         # RocksDB zips of the last cut and the SST lists read from them (read_cut)
         self._zips: dict[str, tuple[FileEntry, tuple[FileEntry, ...]]] = {}
+        # Each store directory's lowest version in the last cut: the next cut reads only
+        # the versioned files from there on (``read_cut``), so what a push lists does
+        # not grow with the versions Spark retains.
+        self._floors: dict[str, int] = {}
         # batch id -> manifest version of the query's batches on the ring (0: unknown);
         # None until the first push lists them.
         self._ring_batches: dict[int, int] | None = None
@@ -140,8 +144,18 @@ class Pusher:
                 log.info("push attempt %d: %s vanished; listing again", attempt, exc.filename)
         raise SR3Error(f"files kept vanishing while pushing {self.checkpoint_dir}")
 
+    def _cut(self, batch_id: int | None) -> Cut:
+        if self._floors:
+            try:
+                return read_cut(self.checkpoint_dir, batch_id, self._zips, self._floors)
+            except CheckpointError as exc:
+                # Not expected (a later cut builds on the same base or a newer one):
+                # the whole listing decides.
+                log.warning("sr3: a cut from the last one's bases failed (%s); listing all", exc)
+        return read_cut(self.checkpoint_dir, batch_id, self._zips)
+
     def _push_once(self, batch_id: int | None) -> PushReport:
-        cut = read_cut(self.checkpoint_dir, batch_id, self._zips)
+        cut = self._cut(batch_id)
         if self._known and not self._still_referenced():
             # The manifest that referenced the files pushed before was deleted (`sr3
             # spark forget`): their chunks may be collected, so they are uploaded again.
@@ -173,6 +187,7 @@ class Pusher:
         # are collected after the peers' grace), and only this cut's files: checkpoint
         # files are written once, so no older file can be in the next cut.
         self._known = known
+        self._floors = version_floors(cut)
         self._referencing, self._referenced_at = (cut.batch_id, version), writing_at
         try:
             self._retain(cut.batch_id, version)

@@ -22,7 +22,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from spark_connector.checkpoint import list_checkpoint, read_cut, read_offsets, read_sst_references
+from spark_connector.checkpoint import (
+    _list_items,
+    list_checkpoint,
+    read_cut,
+    read_offsets,
+    read_sst_references,
+)
 from spark_connector.cut import (
     CheckpointError,
     Cut,
@@ -30,6 +36,7 @@ from spark_connector.cut import (
     committed_batches,
     cut_for_batch,
     snapshot_zips,
+    version_floors,
 )
 
 # Registers the ``spark`` marker and fixture; imported by pytest, so that its assertions
@@ -1057,3 +1064,38 @@ def test_a_source_log_is_trimmed_exactly_above_its_end_or_kept_whole(
     base = max((k for k in compactions if k <= end), default=-1) + 1
     complete = all(k in present | compactions for k in range(base, end + 1))
     assert not (above & kept) if complete else above <= kept
+
+
+def test_a_cut_from_the_last_cuts_bases_is_the_cut_a_full_listing_gives(tmp_path: Path) -> None:
+    """Breaks nothing: a push cuts from the bases of its last cut (``version_floors``),
+    leaving older versioned files unread. Must hold: for every later batch the cut is
+    the one a full listing gives (HDFS: snapshots every 10 deltas; RocksDB: a zip every
+    10 changelogs and its SST), the older versions are not listed at all, and a floor
+    above the base a cut needs is refused (the pusher then lists everything)."""
+    batches = list(range(40))
+    for path in query_files(*batches, committed=batches):
+        write_file(tmp_path, path)
+    for version in range(1, 41):
+        for partition in range(3):
+            write_file(tmp_path, f"state/0/{partition}/{version}.delta")
+            write_file(tmp_path, f"state/0/{partition}/.{version}.delta.crc")
+            if version % 10 == 0:
+                write_file(tmp_path, f"state/0/{partition}/{version}.snapshot")
+        write_file(tmp_path, f"state/1/0/{version}.changelog")
+        if version % 10 == 0:
+            write_zip(tmp_path, f"state/1/0/{version}.zip", rocksdb_metadata(("000008-aa.sst", 1)))
+    write_file(tmp_path, "state/1/0/SSTs/000008-aa.sst")
+    floors: dict[str, int] = {}
+    for batch in range(15, 40):
+        full = read_cut(tmp_path, batch)
+        if floors:
+            assert read_cut(tmp_path, batch, floors=floors) == full, batch
+        floors = version_floors(full)
+    assert floors == {"state/0/0": 40, "state/0/1": 40, "state/0/2": 40, "state/1/0": 40}
+    listed = [path for path, _item in _list_items(tmp_path, {"state/0/0": 30})]
+    deltas = [f"state/0/0/{v}.delta" for v in range(31, 41)]
+    assert [p for p in listed if p.startswith("state/0/0/")] == sorted(
+        ["state/0/0/30.delta", "state/0/0/30.snapshot", *deltas, "state/0/0/40.snapshot"]
+    )
+    with pytest.raises(CheckpointError, match="cannot rebuild"):
+        read_cut(tmp_path, 25, floors={"state/0/0": 27})
