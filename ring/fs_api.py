@@ -53,6 +53,7 @@ from ring.api import (
     FS_STAT,
     FS_WRITE,
     HEADER_FILE_SIZE,
+    HEADER_FILE_VERSION,
     HEADER_MTIME_MS,
     Route,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "FS_STAT",
     "FS_WRITE",
     "HEADER_FILE_SIZE",
+    "HEADER_FILE_VERSION",
     "HEADER_MTIME_MS",
     "LIST_LIMIT_MAX",
     "MTIME_MS_MAX",

@@ -95,6 +95,10 @@ RECOVERY_WINDOW_CHUNKS = 16
 # record; listings still show it.
 KNOWN_DIRECTORY_S = 5.0
 KNOWN_DIRECTORIES_MAX = 4096
+# Files of chunks (at most OPENED_EXTENTS_MAX each) a coordinator keeps the record of,
+# by version, for readers' later blocks.
+OPENED_FILES_MAX = 256
+OPENED_EXTENTS_MAX = 4096
 # The body is read in pieces of this size.
 BODY_PIECE_BYTES = 256 * 1024
 
@@ -137,6 +141,9 @@ class Namespace:
         # Directories this coordinator saw marked, and when: creates under them skip the
         # checks of their ancestors for KNOWN_DIRECTORY_S.
         self._known: OrderedDict[str, float] = OrderedDict()
+        # Files of many chunks read lately, by (path, version): a version is written once,
+        # so a reader's next block needs no record read.
+        self._opened: OrderedDict[tuple[str, int], tuple[Stat, Entry]] = OrderedDict()
 
     # -- reading ------------------------------------------------------------------------
 
@@ -159,12 +166,30 @@ class Namespace:
             raise _not_found(path)
         return found.stat
 
-    async def open(self, path: str) -> tuple[Stat, Entry]:
+    async def open(self, path: str, version: int | None = None) -> tuple[Stat, Entry]:
+        """The file at ``path``; with ``version`` (a reader's later blocks, from the
+        version its first block came with), that version or 409 ``changed``: served
+        from the files this coordinator read lately, without reading the record again."""
+        if version is not None:
+            opened = self._opened.get((path, version))
+            if opened is not None:
+                self._opened.move_to_end((path, version))
+                return opened
         found = await self.find(path)
         if found.stat is None:
             raise _not_found(path)
         if found.entry is None:
             raise FsError(409, "is_directory", f"{path} is a directory")
+        if version is not None and found.stat.version != version:
+            raise FsError(
+                409,
+                "changed",
+                f"{path} changed while it was read (now version {found.stat.version})",
+            )
+        if found.entry.blob is not None and len(found.entry.blob.extents) <= OPENED_EXTENTS_MAX:
+            self._opened[(path, found.stat.version)] = (found.stat, found.entry)
+            while len(self._opened) > OPENED_FILES_MAX:
+                self._opened.popitem(last=False)
         return found.stat, found.entry
 
     async def read(self, entry: Entry, offset: int, length: int) -> AsyncIterator[bytes]:
@@ -648,7 +673,11 @@ class FileService:
 
     async def read(self, request: web.Request) -> web.StreamResponse:
         path = _path(request)
-        stat, entry = await self.ns.open(path)
+        version = request.query.get("version")
+        stat, entry = await self.ns.open(
+            path,
+            None if version is None else api.parse_int(version, "version", None, api.VERSION_MAX),
+        )
         offset = api.parse_int(request.query.get("offset"), "offset", 0, fs_api.FILE_BYTES_MAX)
         length = api.parse_int(
             request.query.get("length"), "length", fs_api.FILE_BYTES_MAX, fs_api.FILE_BYTES_MAX
@@ -661,6 +690,7 @@ class FileService:
             headers={
                 fs_api.HEADER_FILE_SIZE: str(stat.size),
                 fs_api.HEADER_MTIME_MS: str(stat.mtime_ms),
+                fs_api.HEADER_FILE_VERSION: str(stat.version),
                 "Content-Type": "application/octet-stream",
             },
         )

@@ -155,6 +155,27 @@ public final class ContractCheck {
       }
       return "";
     });
+    check("a file replaced while a stream reads it: the version opened, or an error", () -> {
+      Path replaced = new Path(base, "dir/replaced.bin");
+      byte[] before = bytes(31, 12 * MIB + 7);
+      write(replaced, before, false);
+      byte[] got = new byte[before.length];
+      String outcome;
+      try (FSDataInputStream in = fs.open(replaced)) {
+        in.readFully(got, 0, MIB);
+        write(replaced, bytes(32, 12 * MIB + 7), true);
+        try {
+          in.readFully(got, MIB, before.length - MIB);
+          expect(Arrays.equals(got, before), "bytes of the new version in the stream");
+          outcome = "read the version it opened";
+        } catch (IOException refused) {
+          expect(refused.getMessage().contains("changed"), "refused with " + refused);
+          outcome = "refused: changed";
+        }
+      }
+      expect(Arrays.equals(readAll(replaced), bytes(32, 12 * MIB + 7)), "new opens see the new");
+      return outcome;
+    });
     check("getFileStatus: sizes, types, mtimes", () -> {
       FileStatus file = fs.getFileStatus(new Path(base, "dir/large.bin"));
       FileStatus dir = fs.getFileStatus(new Path(base, "dir"));

@@ -117,7 +117,8 @@ public class Sr3FileSystem extends FileSystem {
       throw Sr3Client.refusal(target, first);
     }
     return new FSDataInputStream(
-        new Sr3InputStream(client, target, first.fileSize(), blockBytes, first.body()));
+        new Sr3InputStream(
+            client, target, first.fileSize(), first.fileVersion(), blockBytes, first.body()));
   }
 
   @Override

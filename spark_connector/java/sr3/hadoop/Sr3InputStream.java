@@ -2,25 +2,69 @@ package sr3.hadoop;
 
 import java.io.EOFException;
 import java.io.IOException;
+import java.io.InterruptedIOException;
+import java.io.UncheckedIOException;
+import java.util.concurrent.CancellationException;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.ThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
 import org.apache.hadoop.fs.FSInputStream;
 
 /**
  * A file of the namespace read in blocks (GET with offset and length): seekable, with
  * positioned reads that leave the position alone. Every block is checked to be exactly
  * the length asked for; a short answer is an error, never a short file.
+ *
+ * <p>Blocks after the first name the version the first came with: the coordinator serves
+ * them from that version (without reading the file's record again when it read it
+ * lately), or refuses (409 changed) once it no longer knows it, so a stream reads the
+ * version it opened, whole, or fails; it never mixes two. Reading on sequentially from
+ * a block fetches the next one in the background (one block ahead, on a small shared
+ * pool, {@link #AHEAD_THREADS_MAX} threads and {@link #AHEAD_QUEUED_MAX} waiting; when it
+ * is full the next block is simply fetched when needed), so a copy out of sr3:// does
+ * not wait for each block in turn.
  */
 final class Sr3InputStream extends FSInputStream {
+  static final int AHEAD_THREADS_MAX = 8;
+  static final int AHEAD_QUEUED_MAX = 64;
+  private static final ThreadPoolExecutor AHEAD =
+      new ThreadPoolExecutor(
+          AHEAD_THREADS_MAX,
+          AHEAD_THREADS_MAX,
+          30,
+          TimeUnit.SECONDS,
+          new LinkedBlockingQueue<>(AHEAD_QUEUED_MAX),
+          runnable -> {
+            Thread thread = new Thread(runnable, "sr3-read-ahead");
+            thread.setDaemon(true);
+            return thread;
+          });
+
+  static {
+    AHEAD.allowCoreThreadTimeOut(true);
+  }
+
   private final Sr3Client client;
   private final String path;
   private final long size;
+  private final long version;
   private final int blockBytes;
   private long position;
   private byte[] block = new byte[0];
   private long blockStart;
   private boolean closed;
+  private CompletableFuture<byte[]> ahead;
+  private long aheadStart = -1;
 
-  /** {@code first}: the file's first block, read when it was opened. */
-  Sr3InputStream(Sr3Client client, String path, long size, int blockBytes, byte[] first)
+  /**
+   * {@code first}: the file's first block, read when it was opened; {@code version}: the
+   * version it came with (-1: unknown, later blocks read whatever is there).
+   */
+  Sr3InputStream(
+      Sr3Client client, String path, long size, long version, int blockBytes, byte[] first)
       throws IOException {
     if (size < 0 || first.length != Math.min(size, blockBytes)) {
       throw new IOException("sr3: " + path + ": the first block does not match the file's size");
@@ -28,6 +72,7 @@ final class Sr3InputStream extends FSInputStream {
     this.client = client;
     this.path = path;
     this.size = size;
+    this.version = version;
     this.blockBytes = blockBytes;
     this.block = first;
     this.blockStart = 0;
@@ -41,7 +86,8 @@ final class Sr3InputStream extends FSInputStream {
 
   private byte[] fetch(long offset, int length) throws IOException {
     String pathQs =
-        Sr3Client.route("files", path) + "?offset=" + offset + "&length=" + length;
+        Sr3Client.route("files", path) + "?offset=" + offset + "&length=" + length
+            + (version >= 0 ? "&version=" + version : "");
     Sr3Client.Answer answer = client.send("GET", pathQs, Sr3Client.Body.NONE);
     if (answer.status() != 200) {
       throw Sr3Client.refusal(path, answer);
@@ -63,9 +109,61 @@ final class Sr3InputStream extends FSInputStream {
       return true;
     }
     int length = (int) Math.min(blockBytes, size - offset);
-    block = fetch(offset, length);
+    block = offset == aheadStart ? awaitAhead() : fetch(offset, length);
     blockStart = offset;
+    cancelAhead();
+    readAhead(offset + block.length);
     return true;
+  }
+
+  /** Starts fetching the block at {@code offset} in the background, if there is one. */
+  private void readAhead(long offset) {
+    if (offset >= size) {
+      return;
+    }
+    int length = (int) Math.min(blockBytes, size - offset);
+    try {
+      ahead =
+          CompletableFuture.supplyAsync(
+              () -> {
+                try {
+                  return fetch(offset, length);
+                } catch (IOException e) {
+                  throw new UncheckedIOException(e);
+                }
+              },
+              AHEAD);
+      aheadStart = offset;
+    } catch (RejectedExecutionException e) {
+      ahead = null; // the pool is busy: this block is fetched when it is needed
+      aheadStart = -1;
+    }
+  }
+
+  private byte[] awaitAhead() throws IOException {
+    try {
+      return ahead.get();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new InterruptedIOException("sr3: " + path + ": interrupted");
+    } catch (ExecutionException | CancellationException e) {
+      Throwable cause = e.getCause();
+      if (cause instanceof UncheckedIOException unchecked) {
+        throw unchecked.getCause();
+      }
+      throw new IOException("sr3: " + path + ": reading ahead failed", cause == null ? e : cause);
+    } finally {
+      ahead = null;
+      aheadStart = -1;
+    }
+  }
+
+  private void cancelAhead() {
+    if (ahead != null) {
+      ahead.cancel(false);
+      ahead = null;
+      aheadStart = -1;
+    }
   }
 
   @Override
@@ -144,5 +242,6 @@ final class Sr3InputStream extends FSInputStream {
   public synchronized void close() {
     closed = true;
     block = new byte[0];
+    cancelAhead();
   }
 }
