@@ -66,6 +66,40 @@ def test_incompressible_chunk_is_stored_raw() -> None:
     assert codec.decode(stored, chunk_id) == INCOMPRESSIBLE
 
 
+def test_a_chunk_whose_sample_does_not_compress_is_stored_raw_without_compressing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Already compressed data (Spark's LZ4 files, RocksDB's SSTs) costs one sample's
+    compression, not the whole chunk's; compressible data is still compressed whole, and
+    small chunks are simply tried whole."""
+    rng = random.Random(5)
+    noise = rng.randbytes(4 * 1024 * 1024)
+    compressed_sizes: list[int] = []
+    real = codec._compressor
+
+    class Counting:
+        def __init__(self) -> None:
+            self.inner = real()
+
+        def compress(self, data: bytes) -> bytes:
+            compressed_sizes.append(len(data))
+            return self.inner.compress(data)
+
+    monkeypatch.setattr(codec, "_compressor", Counting)
+    assert not codec.worth_compressing(noise)
+    _chunk_id, stored = codec.encode(noise)
+    assert codec.parse_header(stored).codec == codec.CODEC_RAW
+    assert max(compressed_sizes) == codec.SAMPLE_SLICES * codec.SAMPLE_SLICE_BYTES
+    compressed_sizes.clear()
+    state = state_bytes(4 * 1024 * 1024, seed=3)
+    _chunk_id, stored = codec.encode(state)
+    assert codec.parse_header(stored).codec == codec.CODEC_ZSTD
+    assert max(compressed_sizes) == len(state)
+    small = rng.randbytes(1000)
+    assert codec.worth_compressing(small)
+    assert codec.decode(codec.encode(small)[1]) == small
+
+
 def test_decode_view_hands_out_a_raw_chunk_without_copying_it() -> None:
     chunk_id, stored = codec.encode(INCOMPRESSIBLE)
     raw = codec.decode_view(stored, chunk_id)
