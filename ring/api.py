@@ -132,6 +132,7 @@ __all__ = [
     "RECORD_VERSIONS",
     "KEY_QUERY_CHARS_MAX",
     "SCAN_HEAD_BYTES_MAX",
+    "SCAN_VISITS_MAX",
     "ScanAnswer",
     "ScanRecord",
     "RECOVERY_STREAM",
@@ -478,6 +479,9 @@ def parse_records_list(answer: Any) -> list[tuple[str, int, bool]]:
 
 # The first bytes of each value a scan gives (peers keep them in memory).
 SCAN_HEAD_BYTES_MAX = 64
+# Keys a scan page looks at, at most (live or tombstones): what one request costs a peer,
+# and bounds its answer (about 3 MB of JSON for keys of 60 characters).
+SCAN_VISITS_MAX = 16_384
 # A scan's prefix and starting key, in characters (keys are at most 512).
 KEY_QUERY_CHARS_MAX = 1024
 _BALLOT_CHARS_MAX = 64
@@ -574,13 +578,18 @@ def parse_scan_answer(answer: Any, limit: int) -> ScanAnswer:
     records, prefixes = answer.get("records"), answer.get("prefixes")
     if not isinstance(records, list) or not isinstance(prefixes, list):
         raise ProtocolError("malformed scan: records and prefixes are lists")
-    if len(records) + len(prefixes) > limit:
-        raise ProtocolError(f"malformed scan: more than the {limit} entries asked for")
+    if len(records) > SCAN_VISITS_MAX or len(prefixes) > limit:
+        raise ProtocolError(
+            f"malformed scan: more than {SCAN_VISITS_MAX} records or {limit} prefixes"
+        )
     truncated, settled = answer.get("truncated"), answer.get("settled")
     if not isinstance(truncated, bool) or not isinstance(settled, bool):
         raise ProtocolError("malformed scan: truncated and settled are booleans")
+    parsed = tuple(_scan_record(entry) for entry in records)
+    if sum(1 for record in parsed if not record.deleted) + len(prefixes) > limit:
+        raise ProtocolError(f"malformed scan: more than the {limit} live entries asked for")
     return ScanAnswer(
-        tuple(_scan_record(entry) for entry in records),
+        parsed,
         tuple(_scan_text(prefix, "prefix", 1024) for prefix in prefixes),
         truncated,
         _scan_text(answer.get("last"), "last", 1024),

@@ -38,7 +38,14 @@ from pathlib import Path
 import xxhash
 
 from ring import paxos
-from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, SCAN_HEAD_BYTES_MAX, VERSION_MAX
+from ring.api import (
+    RECORD_BYTES_MAX,
+    REF_BYTES,
+    REFS_MAX,
+    SCAN_HEAD_BYTES_MAX,
+    SCAN_VISITS_MAX,
+    VERSION_MAX,
+)
 from ring.api import split_record_envelope as split_envelope
 from ring.errors import ProtocolError
 from ring.files import move_or_remove, write_file_atomic
@@ -300,49 +307,60 @@ class RecordStore:
         self, prefix: str, limit: int, *, after: str = "", delimiter: bool = False,
         head_bytes: int = 0,
     ) -> ScanPage:  # fmt: skip
-        """Up to ``limit`` records under ``prefix`` past ``after`` (tombstones included),
-        each with what a caller needs to tell whether its acceptors agree; with
-        ``delimiter``, keys with a "/" past the prefix roll up into that prefix, once
-        (and only if one of them is live here)."""
+        """Records under ``prefix`` past ``after``, each with what a caller needs to tell
+        whether its acceptors agree: up to ``limit`` live ones (and rolled-up prefixes),
+        with the tombstones among them, which do not count toward ``limit`` (a directory
+        Spark prunes keeps a week of them); at most ``SCAN_VISITS_MAX`` keys are looked
+        at. With ``delimiter``, keys with a "/" past the prefix roll up into that prefix,
+        once (and only if one of them is live here). ``after`` ending in "/" (a rolled-up
+        prefix a page ended with) resumes past every key under it."""
         if not 0 <= head_bytes <= HEAD_BYTES_KEPT:
             raise ProtocolError(f"a scan gives at most {HEAD_BYTES_KEPT} bytes of each value")
-        if after.endswith("/"):
-            after = after[:-1] + _PAST_SLASH  # past every key under a rolled-up prefix
+        if after <= prefix:
+            index = bisect.bisect_left(self._sorted, prefix)
+        elif after.endswith("/"):
+            index = bisect.bisect_left(self._sorted, after[:-1] + _PAST_SLASH)
+        else:
+            index = bisect.bisect_right(self._sorted, after)
         records: list[Scanned] = []
         prefixes: list[str] = []
-        start = bisect.bisect_left(self._sorted, after if after > prefix else prefix)
-        index, last = start, ""
+        counted = visits = 0
+        last = ""
         while index < len(self._sorted):
             key = self._sorted[index]
             if not key.startswith(prefix):
                 break
-            if key == after:
-                index += 1
-                continue
-            if len(records) + len(prefixes) >= limit:
+            if counted >= limit or visits >= SCAN_VISITS_MAX:
                 return ScanPage(records, prefixes, True, last)
             rest = key[len(prefix) :]
             if delimiter and "/" in rest:
                 rolled = prefix + rest[: rest.index("/") + 1]
                 end = bisect.bisect_left(self._sorted, rolled[:-1] + _PAST_SLASH, index)
                 # Rolled up only when something under it is live here.
-                if any(self._live(self._entries[self._sorted[i]]) for i in range(index, end)):
-                    prefixes.append(rolled)
+                for inner in range(index, end):
+                    visits += 1
+                    if self._live(self._entries[self._sorted[inner]]):
+                        prefixes.append(rolled)
+                        counted += 1
+                        break
                 last = rolled
                 index = end
                 continue
             entry = self._entries[key]
             last = key
             index += 1
+            visits += 1
             if entry.version == 0:  # a bare promise: nothing accepted here
                 continue
+            deleted = entry.deleted_at is not None
+            counted += 0 if deleted else 1
             records.append(
                 Scanned(
                     key,
                     entry.version,
                     entry.accepted,
                     entry.op,
-                    entry.deleted_at is not None,
+                    deleted,
                     entry.head[:head_bytes],
                 )
             )
@@ -354,6 +372,11 @@ class RecordStore:
 
     async def slot(self, key: str) -> Slot:
         """This peer's slot for ``key`` (``paxos.NOTHING`` if it holds none)."""
+        return await self._slot(key, locked=False)
+
+    async def _slot(self, key: str, *, locked: bool) -> Slot:
+        """``slot``; ``locked``: the caller holds the store's lock (a corrupt file is
+        then quarantined under it, not by taking it again: it is not reentrant)."""
         if key not in self._entries:
             return paxos.NOTHING
         path = self._path(key)
@@ -362,9 +385,13 @@ class RecordStore:
         except FileNotFoundError:
             return paxos.NOTHING
         except (ProtocolError, ValueError, KeyError, TypeError, struct.error) as exc:
-            async with self._lock:
+            if locked:
                 self._quarantine_file(path, str(exc))
                 self._drop(key)
+            else:
+                async with self._lock:
+                    self._quarantine_file(path, str(exc))
+                    self._drop(key)
             return paxos.NOTHING
         if stored_key != key:
             raise AssertionError(f"record file for {key!r} holds {stored_key!r}")
@@ -375,7 +402,7 @@ class RecordStore:
     async def prepare(self, key: str, ballot: Ballot) -> Slot | Preempted:
         """Promise ``ballot`` for ``key``; the slot as it then stands, or the refusal."""
         async with self._lock:
-            outcome = paxos.prepare(await self.slot(key), ballot)
+            outcome = paxos.prepare(await self._slot(key, locked=True), ballot)
             if isinstance(outcome, Slot):
                 await self._write(key, outcome)
             return outcome
@@ -386,7 +413,7 @@ class RecordStore:
         """Accept ``value`` at ``ballot`` (and promise ``following``), or refuse."""
         check_value(value)
         async with self._lock:
-            current = await self.slot(key)
+            current = await self._slot(key, locked=True)
             outcome = paxos.accept(current, ballot, value, following, self._wall_clock())
             if isinstance(outcome, Slot) and outcome != current:
                 await self._write(key, outcome)
@@ -397,7 +424,7 @@ class RecordStore:
         the highest promise, and the value with the highest accepted ballot (a value some
         acceptor really accepted, so a later round sees what it would have seen there)."""
         async with self._lock:
-            current = await self.slot(key)
+            current = await self._slot(key, locked=True)
             merged = current
             for other in slots:
                 check_value(other.value)

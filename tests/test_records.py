@@ -10,6 +10,7 @@ returned; keys that could escape the data folder or are otherwise malformed are 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 from pathlib import Path
@@ -194,6 +195,22 @@ async def test_corrupt_record_file_is_quarantined_on_open(
     assert reopened.version("victim") == 0
     assert await reopened.slot("victim") == NOTHING
     assert (await reopened.slot("bystander")).value.data == b"fine"
+
+
+async def test_a_round_on_a_record_corrupted_while_open_quarantines_it_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Breaks: a record file is damaged on disk, then a prepare and an accept arrive.
+    Must hold: each answers (the damaged slot is quarantined under the lock the round
+    holds, which is not taken twice) instead of hanging every later round."""
+    store = _open(tmp_path)
+    assert isinstance(await store.accept("m", B1, _value(1)), Slot)
+    store._path("m").write_bytes(b"damaged")
+    async with asyncio.timeout(5):
+        promised = await store.prepare("m", B2)
+        assert isinstance(promised, Slot) and promised.accepted is None
+        assert isinstance(await store.accept("n", B1, _value(1)), Slot)
+    assert (tmp_path / "quarantine").iterdir()
 
 
 async def test_record_corrupted_while_open_is_quarantined_on_read(tmp_path: Path) -> None:

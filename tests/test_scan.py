@@ -69,6 +69,31 @@ async def test_a_page_lists_in_order_rolls_up_and_resumes_after_a_key(tmp_path: 
         store.scan("d/", 10, head_bytes=api.SCAN_HEAD_BYTES_MAX + 1)
 
 
+async def test_tombstones_do_not_fill_a_page_and_a_key_past_a_prefix_is_not_skipped(
+    tmp_path: Path,
+) -> None:
+    """A directory Spark prunes holds far more tombstones than live entries: a page of
+    ``limit`` live records must not end early on them (a listing, or a non-recursive
+    delete's emptiness check, would see nothing). Resuming past a rolled-up prefix
+    ("d/a/") must not skip a key that sorts right after it ("d/a0")."""
+    store = _open(tmp_path)
+    for number in range(90):
+        await _put(store, f"t/{number:03d}", deleted=True)
+    for number in range(90, 100):
+        await _put(store, f"t/{number:03d}")
+    page = store.scan("t/", 3)
+    assert [r.key for r in page.records if not r.deleted] == ["t/090", "t/091", "t/092"]
+    assert len([r for r in page.records if r.deleted]) == 90 and page.truncated
+    first = store.scan("t/", 1)
+    assert [r.key for r in first.records if not r.deleted] == ["t/090"]
+    for key in ["d/a/x", "d/a0", "d/b"]:
+        await _put(store, key)
+    head = store.scan("d/", 1, delimiter=True)
+    assert (head.prefixes, head.last, head.truncated) == (["d/a/"], "d/a/", True)
+    rest = store.scan("d/", 10, delimiter=True, after=head.last)
+    assert [r.key for r in rest.records] == ["d/a0", "d/b"]
+
+
 async def test_the_index_follows_writes_deletes_and_a_restart(tmp_path: Path) -> None:
     store = _open(tmp_path)
     for number in range(300):
