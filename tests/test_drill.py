@@ -45,7 +45,7 @@ def test_local_drill_recovers_with_every_topology_and_heals(tmp_path: Path) -> N
     plot = tmp_path / "drill.png"
     code, report = _drill(
         tmp_path, "--peers", "5", "--fail", "2", "--state-size", "8MiB", "--topology", "all",
-        "--seed", "3", "--plot", str(plot),
+        "--seed", "3", "--plot", str(plot), "--repeat", "3",
     )  # fmt: skip
     assert code == 0, report
     assert report["seed"] == 3 and len(report["failed_peers"]) == 2
@@ -56,6 +56,8 @@ def test_local_drill_recovers_with_every_topology_and_heals(tmp_path: Path) -> N
         assert set(entry) >= FIELDS, entry
         assert entry["verified"] and entry["bytes_lost"] == 0 and entry["bytes"] == 8 * 2**20
         assert entry["recovery_s"] > 0 and entry["throughput_mb_s"] > 0
+        runs = entry["recovery_s_runs"]
+        assert len(runs) == 3 and sorted(runs)[1] == entry["recovery_s"], entry
     assert results["line"]["max_fan_in"] == 1
     assert sum(entry["chosen_by_auto"] for entry in results.values()) == 1
     assert report["auto"]["reason"]

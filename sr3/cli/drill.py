@@ -39,13 +39,20 @@ def _optional_rate(text: str | None) -> float | None:
               help="Emulated latency added by peers to each answer, in ms.")  # fmt: skip
 @click.option("--fan-in", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--seed", default=1, show_default=True, type=int)
+@click.option(
+    "--repeat",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 20),
+    help="Recoveries per topology, in rotated order; each result is the median.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path))
 @fail_cleanly
 def drill(
     ring: str | None, secret_file: Path | None, peers: int, replication: int, fail_count: int,
     state_size: str, topologies: str, peer_bandwidth: str | None,
-    requester_bandwidth: str | None, latency_ms: float, fan_in: int, seed: int,
+    requester_bandwidth: str | None, latency_ms: float, fan_in: int, seed: int, repeat: int,
     json_path: Path | None, plot_path: Path | None,
 ) -> None:  # fmt: skip
     """Rehearse a multi-failure recovery: write state, SIGKILL --fail peers at once,
@@ -63,7 +70,7 @@ def drill(
         fail=fail_count, topologies=chosen, seed=seed,
         peer_bytes_s=_optional_rate(peer_bandwidth),
         requester_bytes_s=_optional_rate(requester_bandwidth), latency_ms=latency_ms,
-        fan_in=fan_in,
+        fan_in=fan_in, repeat=repeat,
     )  # fmt: skip
     from sr3.drills import drill_local, drill_remote
 
