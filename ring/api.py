@@ -106,7 +106,7 @@ __all__ = [
     "HEADER_CONTENT_SHA256",
     "HEADER_CREDENTIAL",
     "HEADER_FILE_SIZE",
-    "HEADER_FILE_VERSION",
+    "HEADER_FILE_TAG",
     "HEADER_LINE_BYTES_MAX",
     "HEADER_MTIME_MS",
     "HEADER_NONCE",
@@ -246,7 +246,7 @@ HEADER_VIEW = "X-SR3-View"
 HEADER_CREDENTIAL = "X-SR3-Credential"
 HEADER_FILE_SIZE = "X-SR3-File-Size"
 HEADER_MTIME_MS = "X-SR3-Mtime-Ms"
-HEADER_FILE_VERSION = "X-SR3-File-Version"
+HEADER_FILE_TAG = "X-SR3-File-Tag"
 CONTENT_TYPE_FRAMES = "application/x-sr3-frames"
 
 # Limits both sides hold to.

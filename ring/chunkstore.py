@@ -126,11 +126,11 @@ class ChunkStore:
         if chunk_id in self._index:
             self._last_stored[chunk_id] = self._clock()
             return False
-        # Checked before it is written: header, payload checksum and the id it claims
-        # (the body itself is signed by its writer). The full decode, which proves the
-        # content address, is for reads (every reader does it) and the scrubber: on the
-        # write path it would cost each of R replicas a decompression of every byte.
-        await asyncio.to_thread(codec.verify_stored, stored, chunk_id)
+        # Checked before it is written (``codec.check_before_write``): header, payload
+        # checksum, the id it claims and, for a raw chunk, its content address; a
+        # compressed chunk's content was checked by its writer. Every read and the
+        # scrubber check the content of both kinds again.
+        await asyncio.to_thread(codec.check_before_write, stored, chunk_id)
         if (
             self._capacity_bytes is not None
             and self._stored_bytes + len(stored) > self._capacity_bytes

@@ -42,9 +42,11 @@ __all__ = [
     "CODEC_ZSTD",
     "HEADER_BYTES",
     "StoredHeader",
+    "check_before_write",
     "chunk_id",
     "decode",
     "encode",
+    "encode_checked",
     "is_chunk_id",
     "parse_header",
     "verify_stored",
@@ -197,6 +199,29 @@ def verify_stored(stored: bytes | memoryview, expected_id: str | None = None) ->
     if header.codec == CODEC_ZSTD and _frame_content_size(payload) != header.raw_bytes:
         raise ChunkCorrupt(f"chunk {header.chunk_id}: raw length disagrees with its payload")
     return header
+
+
+def check_before_write(stored: bytes | memoryview, expected_id: str) -> StoredHeader:
+    """What a peer checks before it writes a chunk: ``verify_stored`` and, for a raw
+    chunk, its content address too (a hash at memory speed). A compressed chunk's content
+    was checked by its writer, which decodes what it encoded before sending it to any
+    replica (``encode_checked``): decompressing it again on each of R replicas would
+    cost more CPU than anything else on the write path."""
+    header = verify_stored(stored, expected_id)
+    if header.codec == CODEC_RAW:
+        payload = memoryview(stored)[HEADER_BYTES:]
+        if xxhash.xxh3_128_hexdigest(payload) != expected_id:
+            raise ChunkCorrupt(f"chunk {expected_id}: content does not match its address")
+    return header
+
+
+def encode_checked(raw: bytes | memoryview) -> tuple[str, bytes]:
+    """``encode``, then the stored form decoded and checked against its address when it
+    is compressed (a fault between hashing and compressing never reaches a replica)."""
+    chunk_id, stored = encode(raw)
+    if parse_header(stored).codec != CODEC_RAW:
+        decode_view(stored, chunk_id)
+    return chunk_id, stored
 
 
 def _frame_content_size(payload: memoryview) -> int:

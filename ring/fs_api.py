@@ -53,7 +53,7 @@ from ring.api import (
     FS_STAT,
     FS_WRITE,
     HEADER_FILE_SIZE,
-    HEADER_FILE_VERSION,
+    HEADER_FILE_TAG,
     HEADER_MTIME_MS,
     Route,
 )
@@ -70,7 +70,7 @@ __all__ = [
     "FS_STAT",
     "FS_WRITE",
     "HEADER_FILE_SIZE",
-    "HEADER_FILE_VERSION",
+    "HEADER_FILE_TAG",
     "HEADER_MTIME_MS",
     "LIST_LIMIT_MAX",
     "MTIME_MS_MAX",
@@ -81,11 +81,13 @@ __all__ = [
     "Stat",
     "components",
     "entries_prefix",
+    "file_tag",
     "path_key",
     "fs_path",
     "parent",
     "parse_stat",
     "parse_op",
+    "parse_tag",
     "paths_of",
     "route_path",
     "stat_body",
@@ -135,6 +137,25 @@ def validate_path(path: str) -> str:
                 "'.' or '..'"
             )
     return path
+
+
+_TAG = re.compile(r"^(0|[1-9][0-9]{0,15})\.([0-9a-f]{0,64})$")
+
+
+def file_tag(version: int, op: str) -> str:
+    """Names one version of a file as written (its record's version and operation id):
+    a version number alone comes back once a deleted path is created again."""
+    return f"{version}.{op}"
+
+
+def parse_tag(raw: str | None) -> tuple[int, str] | None:
+    """A ``file_tag`` from the query (``tag``), or None when there is none."""
+    if raw is None:
+        return None
+    match = _TAG.fullmatch(raw)
+    if match is None:
+        raise ProtocolError("tag is <version>.<op> as a read's first answer named it")
+    return int(match.group(1)), match.group(2)
 
 
 def parse_op(raw: str | None) -> str | None:

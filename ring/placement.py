@@ -158,6 +158,16 @@ class Ring:
         assert sum(owned) == TOKEN_SPACE * min(replication, len(self.members))
         return {member.peer_id: owned[i] / TOKEN_SPACE for i, member in enumerate(self.members)}
 
+    def preference_sets(self, count: int) -> set[tuple[str, ...]]:
+        """Every distinct preference list of ``count`` over the token space (peer ids):
+        the groups of peers some key is stored on."""
+        _check_count(count)
+        return {
+            tuple(self.members[owner].peer_id for owner in self._preference_at(position, count))
+            for position, width in self._ranges()
+            if width
+        }
+
     def with_member(self, member: Member) -> Ring:
         """A new ring with ``member`` added; ValueError if its peer id is already present."""
         if member.peer_id in self._index:

@@ -27,6 +27,8 @@ ROUNDS_DEFAULT = 3
 BACKOFF_S = 0.2
 # Reads of a whole file through ``read`` are bounded: ``get`` streams bigger ones.
 READ_BYTES_MAX = 1024**3
+# Entries one ``list`` gathers over its pages, at most.
+LIST_ENTRIES_MAX = 1_000_000
 
 
 class FsRefused(SR3Error):
@@ -120,12 +122,15 @@ class FsClient:
             return False
         return True
 
-    async def list(self, path: str) -> list[Stat]:
-        """The children of a directory (of a file: itself), every page of them."""
+    async def list(self, path: str, *, page_entries: int | None = None) -> list[Stat]:
+        """The children of a directory (of a file: itself), every page of them
+        (``page_entries``: a page's size, the peers' largest when None)."""
         entries: list[Stat] = []
         after = ""
         while True:
-            query = f"?after={quote(after, safe='')}" if after else ""
+            pairs = [f"after={quote(after, safe='')}"] if after else []
+            pairs += [f"limit={page_entries}"] if page_entries is not None else []
+            query = "?" + "&".join(pairs) if pairs else ""
             answer = (
                 await self._request("GET", fs_api.fs_path(fs_api.FS_LIST, path) + query)
             ).json()
@@ -133,9 +138,12 @@ class FsClient:
                 raise SR3Error("a listing is {'entries': [...]}")
             page = [fs_api.parse_stat(entry) for entry in answer["entries"]]
             entries += page
-            if not answer.get("truncated") or not page:
+            following = answer.get("next")
+            if not answer.get("truncated"):
                 return entries
-            after = page[-1].name
+            if not isinstance(following, str) or not following or len(entries) > LIST_ENTRIES_MAX:
+                raise SR3Error(f"{path}: a listing without an end, or over {LIST_ENTRIES_MAX}")
+            after = following
 
     async def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         query = f"?offset={offset}" + ("" if length is None else f"&length={length}")

@@ -143,7 +143,7 @@ class Namespace:
         self._known: OrderedDict[str, float] = OrderedDict()
         # Files of many chunks read lately, by (path, version): a version is written once,
         # so a reader's next block needs no record read.
-        self._opened: OrderedDict[tuple[str, int], tuple[Stat, Entry]] = OrderedDict()
+        self._opened: OrderedDict[tuple[str, int, str], tuple[Stat, Entry]] = OrderedDict()
 
     # -- reading ------------------------------------------------------------------------
 
@@ -166,31 +166,30 @@ class Namespace:
             raise _not_found(path)
         return found.stat
 
-    async def open(self, path: str, version: int | None = None) -> tuple[Stat, Entry]:
-        """The file at ``path``; with ``version`` (a reader's later blocks, from the
-        version its first block came with), that version or 409 ``changed``: served
-        from the files this coordinator read lately, without reading the record again."""
-        if version is not None:
-            opened = self._opened.get((path, version))
+    async def open(self, path: str, tag: tuple[int, str] | None = None) -> tuple[Stat, Entry, str]:
+        """The file at ``path`` and its tag (``fs_api.file_tag``); with ``tag`` (a
+        reader's later blocks, naming the version its first block came from), that
+        version or 409 ``changed``: served from the files this coordinator read lately
+        (settled reads only), without reading the record again."""
+        if tag is not None:
+            opened = self._opened.get((path, *tag))
             if opened is not None:
-                self._opened.move_to_end((path, version))
-                return opened
+                self._opened.move_to_end((path, *tag))
+                return (*opened, fs_api.file_tag(*tag))
         found = await self.find(path)
         if found.stat is None:
             raise _not_found(path)
-        if found.entry is None:
+        if found.entry is None or found.record is None:
             raise FsError(409, "is_directory", f"{path} is a directory")
-        if version is not None and found.stat.version != version:
-            raise FsError(
-                409,
-                "changed",
-                f"{path} changed while it was read (now version {found.stat.version})",
-            )
-        if found.entry.blob is not None and len(found.entry.blob.extents) <= OPENED_EXTENTS_MAX:
-            self._opened[(path, found.stat.version)] = (found.stat, found.entry)
+        now = (found.record.version, found.record.op)
+        if tag is not None and now != tag:
+            raise FsError(409, "changed", f"{path} changed while it was read (now {now[0]})")
+        blob = found.entry.blob
+        if found.record.settled and blob is not None and len(blob.extents) <= OPENED_EXTENTS_MAX:
+            self._opened[(path, *now)] = (found.stat, found.entry)
             while len(self._opened) > OPENED_FILES_MAX:
                 self._opened.popitem(last=False)
-        return found.stat, found.entry
+        return found.stat, found.entry, fs_api.file_tag(*now)
 
     async def read(self, entry: Entry, offset: int, length: int) -> AsyncIterator[bytes]:
         """The bytes ``[offset, offset + length)`` of a file, piece by piece."""
@@ -247,20 +246,25 @@ class Namespace:
 
     async def children(
         self, path: str, *, after: str = "", limit: int = fs_api.LIST_LIMIT_MAX
-    ) -> tuple[list[Stat], bool]:
+    ) -> tuple[list[Stat], bool, str]:
         """Up to ``limit`` direct children of the directory at ``path`` whose names sort
-        after ``after``, by name, and whether there are more: a scan of the records
-        under it rolled up at the next "/" (one request per peer; records whose
-        acceptors disagree are read). A directory implied by records under it without
-        one of its own (left by a delete racing a create) is listed too."""
+        after ``after`` (a name, or a name and "/": past that name and everything under
+        it), by name; whether there are more, and the ``after`` to ask for them with: a
+        scan of the records under it rolled up at the next "/" (one request per peer;
+        records whose acceptors disagree are read). A directory implied by records under
+        it without one of its own (left by a delete racing a create) is listed too. After
+        ``LIST_PAGES_MAX`` scans it answers with what it found (possibly nothing, past a
+        long run of deleted entries) and where to go on."""
         prefix = fs_api.entries_prefix(path)
         base = "" if path == ROOT else path
+        floor = after.rstrip("/")
         found: dict[str, Stat] = {}
-        cursor = prefix + after if after else ""
+        cursor = after
         for _page in range(LIST_PAGES_MAX):
             scan = await self.client.scan_records(
-                prefix, limit=limit, after=cursor, delimiter=True, head_bytes=STAT_BYTES
-            )
+                prefix, limit=limit, after=prefix + cursor if cursor else "", delimiter=True,
+                head_bytes=STAT_BYTES, allow_stale=True,
+            )  # fmt: skip
             for record in scan.records:
                 name = record.key[len(prefix) :]
                 kind, size, mtime_ms = decode_stat(record.head)
@@ -268,11 +272,13 @@ class Namespace:
             implied = [r[len(prefix) : -1] for r in scan.prefixes]
             for name in await self._implied([n for n in implied if n not in found], prefix):
                 found[name] = Stat(f"{base}/{name}", "directory", 0, 0, 0)
-            names = sorted(name for name in found if name > after)
-            if len(names) > limit or not scan.truncated:
-                return [found[name] for name in names[:limit]], len(names) > limit
-            cursor = scan.last
-        raise FsError(503, "contention", f"{path}: the listing did not settle; list again")
+            names = sorted(name for name in found if name > floor)
+            if len(names) > limit:
+                return [found[name] for name in names[:limit]], True, names[limit - 1]
+            if not scan.truncated:
+                return [found[name] for name in names], False, ""
+            cursor = scan.last[len(prefix) :]
+        return [found[name] for name in sorted(n for n in found if n > floor)], True, cursor
 
     async def _implied(self, names: list[str], prefix: str) -> list[str]:
         """Of the subdirectories some peer holds live records under but that have no
@@ -284,7 +290,7 @@ class Namespace:
         async def one(name: str) -> None:
             async with slots:
                 scan = await self.client.scan_records(
-                    f"{prefix}{name}/", limit=IMPLIED_CHECK_RECORDS
+                    f"{prefix}{name}/", limit=IMPLIED_CHECK_RECORDS, allow_stale=True
                 )
             if scan.records or scan.truncated:  # truncated: not known empty, so shown
                 live.append(name)
@@ -467,44 +473,69 @@ class Namespace:
         if found.stat is None:
             return 0
         if found.record is not None:
-            return await self._delete_key(fs_api.path_key(path), found.record.version)
+            return await self._delete_key(fs_api.path_key(path), found.record.version, "file")
         prefix = fs_api.entries_prefix(path)
-        if not recursive:
-            under = await self.client.scan_records(prefix, limit=1)
-            if under.records:
-                raise FsError(409, "not_empty", f"{path} is a directory that is not empty")
+        if not recursive and await self._holds_anything(prefix):
+            raise FsError(409, "not_empty", f"{path} is a directory that is not empty")
         self._forget_known(path)
         removed = 0
         slots = asyncio.Semaphore(CHILD_READS_MAX)
 
-        async def one(key: str, version: int) -> None:
+        async def one(key: str, version: int, kind: str) -> None:
             nonlocal removed
             async with slots:
-                gone = await self._delete_key(key, version)
+                gone = await self._delete_key(key, version, kind)
             removed += gone
 
-        # Page by page (each page's entries are gone before the next is scanned), at
-        # most DELETE_PAGES_MAX pages: a bigger tree is deleted by asking again.
+        # Page by page, each page past the last (its entries are gone before the next
+        # is scanned), at most DELETE_PAGES_MAX pages: a bigger tree is deleted by
+        # asking again.
+        cursor = ""
         for _page in range(DELETE_PAGES_MAX):
-            scan = await self.client.scan_records(prefix, limit=fs_api.LIST_LIMIT_MAX)
-            async with asyncio.TaskGroup() as group:
-                for record in scan.records:
-                    group.create_task(one(record.key, record.version))
+            scan = await self.client.scan_records(
+                prefix, limit=fs_api.LIST_LIMIT_MAX, after=cursor, head_bytes=STAT_BYTES,
+                allow_stale=True,
+            )  # fmt: skip
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for record in scan.records:
+                        kind = decode_stat(record.head)[0]
+                        group.create_task(one(record.key, record.version, kind))
+            except BaseExceptionGroup as group_error:
+                raise first_error(group_error) from None
             if not scan.truncated:
                 break
+            cursor = scan.last
         else:
             raise FsError(503, "too_large", f"{path}: deleted {removed} entries; delete again")
         if path != ROOT:
-            removed += await self._delete_key(fs_api.path_key(path), found.stat.version)
+            key = fs_api.path_key(path)
+            removed += await self._delete_key(key, found.stat.version, "directory")
         return max(removed, 1)
 
-    async def _delete_key(self, key: str, version: int) -> int:
-        """Delete ``key`` as read at ``version`` (read again when it changed)."""
+    async def _holds_anything(self, prefix: str) -> bool:
+        """Whether a live record is under ``prefix`` (past any run of deleted ones, up to
+        ``LIST_PAGES_MAX`` pages: beyond that, taken as holding something)."""
+        cursor = ""
+        for _page in range(LIST_PAGES_MAX):
+            scan = await self.client.scan_records(prefix, limit=1, after=cursor, allow_stale=True)
+            if scan.records:
+                return True
+            if not scan.truncated:
+                return False
+            cursor = scan.last
+        return True
+
+    async def _delete_key(self, key: str, version: int, kind: str) -> int:
+        """Delete ``key``, a ``kind`` ("file" or "directory") as read at ``version``; when
+        it changed meanwhile, read it again and delete what is there if it is still of
+        that kind (a directory that replaced a file, or the reverse, is not what was asked
+        to go)."""
         expected: int | None = version
         for _attempt in range(CAS_ATTEMPTS_MAX):
             if expected is None:
-                current = await self.client.get_record(key)
-                if current is None:
+                current = await self.client.get_record(key, allow_stale=True)
+                if current is None or decode_entry(current.value).type != kind:
                     return 0
                 expected = current.version
             try:
@@ -673,11 +704,7 @@ class FileService:
 
     async def read(self, request: web.Request) -> web.StreamResponse:
         path = _path(request)
-        version = request.query.get("version")
-        stat, entry = await self.ns.open(
-            path,
-            None if version is None else api.parse_int(version, "version", None, api.VERSION_MAX),
-        )
+        stat, entry, tag = await self.ns.open(path, fs_api.parse_tag(request.query.get("tag")))
         offset = api.parse_int(request.query.get("offset"), "offset", 0, fs_api.FILE_BYTES_MAX)
         length = api.parse_int(
             request.query.get("length"), "length", fs_api.FILE_BYTES_MAX, fs_api.FILE_BYTES_MAX
@@ -690,7 +717,7 @@ class FileService:
             headers={
                 fs_api.HEADER_FILE_SIZE: str(stat.size),
                 fs_api.HEADER_MTIME_MS: str(stat.mtime_ms),
-                fs_api.HEADER_FILE_VERSION: str(stat.version),
+                fs_api.HEADER_FILE_TAG: tag,
                 "Content-Type": "application/octet-stream",
             },
         )
@@ -719,15 +746,18 @@ class FileService:
                 listing = group.create_task(self.ns.children(path, after=after, limit=limit))
         except BaseExceptionGroup as group_error:
             raise first_error(group_error) from None
-        stat, (entries, truncated) = stat_task.result(), listing.result()
+        stat, (entries, truncated, following) = stat_task.result(), listing.result()
         if stat.type == "file":
-            entries, truncated = [stat], False
+            entries, truncated, following = [stat], False, ""
         return web.json_response(
             {
                 "path": path,
                 "type": stat.type,
                 "entries": [{"name": e.name, **fs_api.stat_body(e)} for e in entries],
                 "truncated": truncated,
+                # Where the next page starts (``after``): a listing that ran into a long
+                # run of deleted entries may end a page with none.
+                "next": following,
             }
         )
 

@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from ring import codec
 from ring.chunkstore import ChunkStore, write_file_atomic
@@ -233,28 +234,57 @@ async def test_full_verify_quarantines_content_that_only_decompression_catches(
     assert not store.has(chunk_id)
 
 
-async def test_a_write_checks_the_stored_form_and_reads_check_the_content(
+async def test_a_write_checks_the_content_of_a_raw_chunk_and_reads_check_every_chunk(
     tmp_path: Path,
 ) -> None:
-    """A write checks header, payload checksum and claimed id, not the content address
-    (decompressing every byte on each of R replicas; its writer signed the body). A body
-    whose content does not match the id its header claims is therefore written, and
-    must never be read as that chunk: the content check of every reader (``decode``)
-    and of the scrubber (``verify``, which quarantines it) catch it."""
+    """A write checks header, payload checksum, the claimed id and, for a raw chunk, the
+    content address; a compressed chunk's content is checked by its writer (decoding
+    each of R replicas' bytes would cost more than anything else on the write path). A
+    compressed body whose content does not match the id its header claims is therefore
+    written, and must never be read as that chunk: every reader's ``decode`` and the
+    scrubber's ``verify`` (which quarantines it) catch it."""
     store = _open(tmp_path)
-    chunk_id, _stored = codec.encode(random.Random(44).randbytes(4096))
-    _other_id, other = codec.encode(random.Random(45).randbytes(4096))
-    header = bytearray(other[: codec.HEADER_BYTES])
-    header[32:48] = bytes.fromhex(chunk_id)
-    forged = bytes(header) + other[codec.HEADER_BYTES :]
-    assert await store.put(chunk_id, forged)
-    served = await store.get(chunk_id)
+
+    def forged(raw: bytes, claimed: str) -> bytes:
+        _other_id, other = codec.encode(raw)
+        header = bytearray(other[: codec.HEADER_BYTES])
+        header[32:48] = bytes.fromhex(claimed)
+        return bytes(header) + other[codec.HEADER_BYTES :]
+
+    raw_id, _stored = codec.encode(random.Random(44).randbytes(4096))
+    with pytest.raises(ChunkCorrupt, match="address"):
+        await store.put(raw_id, forged(random.Random(45).randbytes(4096), raw_id))
+    assert not store.has(raw_id)
+    packed_id, _stored = codec.encode(state_bytes(65536, seed=1))
+    assert await store.put(packed_id, forged(state_bytes(65536, seed=2), packed_id))
+    served = await store.get(packed_id)
     assert served is not None
     with pytest.raises(ChunkCorrupt):
-        codec.decode(served, chunk_id)
+        codec.decode(served, packed_id)
     with pytest.raises(ChunkCorrupt):
-        await store.verify(chunk_id)
-    assert not store.has(chunk_id)
+        await store.verify(packed_id)
+    assert not store.has(packed_id)
+
+
+def test_a_writer_decodes_what_it_compressed_before_any_replica_sees_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Breaks: compression corrupts the stored form (a fault between hashing the raw bytes
+    and compressing them). Must hold: ``encode_checked`` raises instead of handing R
+    identical bad copies to the replicas."""
+    real = codec.encode
+
+    def corrupting(raw: bytes, **options: bool) -> tuple[str, bytes]:
+        chunk_id, stored = real(raw, **options)
+        payload = bytearray(stored[codec.HEADER_BYTES :])
+        payload[-1] ^= 1
+        header = bytearray(stored[: codec.HEADER_BYTES])
+        header[24:32] = xxhash.xxh3_64_intdigest(bytes(payload)).to_bytes(8, "little")
+        return chunk_id, bytes(header) + bytes(payload)
+
+    monkeypatch.setattr(codec, "encode", corrupting)
+    with pytest.raises(ChunkCorrupt):
+        codec.encode_checked(state_bytes(65536, seed=3))
 
 
 async def test_quarantined_count_survives_restart_and_counts_chunks_only(tmp_path: Path) -> None:

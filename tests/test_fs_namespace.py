@@ -340,3 +340,26 @@ async def test_sr3_spark_list_restore_and_forget_see_sr3_checkpoints(
     assert gone.returncode == 0, gone.stderr
     async with FsClient(ring.ring, ring.secret) as fs:
         assert not await fs.exists(root)
+
+
+async def test_deleted_entries_neither_hide_a_directorys_files_nor_empty_it(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: most entries of a directory are deleted (as Spark prunes old versions),
+    then it is listed in small pages and deleted without ``recursive``. Must hold: every
+    live file is listed, page after page, past the deleted ones; the non-recursive
+    delete is refused and leaves the directory whole; a recursive one empties it."""
+    root = _root(rng)
+    async with FsClient(ring.ring, ring.secret) as fs:
+        for number in range(30):
+            await fs.write(f"{root}/d/{number:02d}.delta", b"x")
+        for number in range(25):
+            assert await fs.delete(f"{root}/d/{number:02d}.delta") == 1
+        listed = [s.name for s in await fs.list(f"{root}/d", page_entries=2)]
+        assert listed == [f"{n}.delta" for n in range(25, 30)]
+        with pytest.raises(FsRefused) as refused:
+            await fs.delete(f"{root}/d")
+        assert refused.value.code == "not_empty"
+        assert len(await fs.list(f"{root}/d")) == 5
+        assert await fs.delete(f"{root}/d", recursive=True) == 6
+        assert not await fs.exists(f"{root}/d")

@@ -23,7 +23,7 @@ from ring import api, paxos
 from ring.client import Client
 from ring.client.proposer import Acceptors
 from ring.client.records import scan_verdicts
-from ring.errors import ProtocolError
+from ring.errors import DataUnavailable, ProtocolError
 from ring.paxos import FAST, Ballot, Slot, Value
 from ring.placement import Member, Ring
 from ring.records import RecordStore
@@ -272,3 +272,29 @@ async def test_a_scan_gives_what_reads_give_after_an_acceptor_missed_writes(
         assert len(expected) == 50
         rolled = await client.scan_records(prefix[: prefix.index("/") + 1], delimiter=True)
         assert prefix in rolled.prefixes
+
+
+async def test_a_scan_that_cannot_see_every_record_says_so(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: two of five peers are SIGKILLed, so some keys have two of their three
+    acceptors down. Must hold: a scan raises ``DataUnavailable`` (a read of such a key
+    would) instead of leaving records out; with ``allow_stale`` it answers what the
+    others hold and says it is not complete."""
+    prefix = f"scan-cover/{rng.randrange(10**9)}/"
+    async with Client(ring.ring, ring.secret) as client:
+        for number in range(20):
+            await client.put_record(f"{prefix}{number:02d}", b"v", expected_version=0)
+        assert (await client.scan_records(prefix)).complete
+        victims = [peer.peer_id for peer in ring.cluster.peers[:2]]
+        for victim in victims:
+            ring.kill(victim)
+        try:
+            with pytest.raises(DataUnavailable):
+                await client.scan_records(prefix)
+            stale = await client.scan_records(prefix, allow_stale=True)
+            assert not stale.complete
+            assert {r.key for r in stale.records} <= {f"{prefix}{n:02d}" for n in range(20)}
+        finally:
+            for victim in victims:
+                ring.start(victim)

@@ -305,10 +305,11 @@ class Client:
     async def scan_records(
         self, prefix: str, *, limit: int = api.LIST_LIMIT_MAX, after: str = "",
         delimiter: bool = False, head_bytes: int = 0, include_deleted: bool = False,
+        allow_stale: bool = False,
     ) -> RecordScan:  # fmt: skip
         return await self.records.scan_records(
             prefix, limit=limit, after=after, delimiter=delimiter, head_bytes=head_bytes,
-            include_deleted=include_deleted,
+            include_deleted=include_deleted, allow_stale=allow_stale,
         )  # fmt: skip
 
     # -- membership and status ----------------------------------------------------------

@@ -102,19 +102,24 @@ class ScannedRecord:
     head: bytes
     deleted: bool = False
     op: str = ""
+    # False: read with ``allow_stale`` from fewer of its acceptors than a quorum.
+    settled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class RecordScan:
     """A page of a scan, in key order: records, and the prefixes a delimiter rolled up.
     ``truncated``: there may be more past ``last`` (scan again with ``after=last``).
-    ``read``: records whose acceptors' slots did not agree, read one by one instead."""
+    ``read``: records whose acceptors' slots did not agree, read one by one instead.
+    ``complete``: every key's acceptors answered enough to show every record chosen
+    (False only with ``allow_stale``: too many peers did not answer)."""
 
     records: list[ScannedRecord]
     prefixes: list[str]
     truncated: bool
     last: str
     read: int
+    complete: bool = True
 
 
 def file_source(path: Path) -> Source:

@@ -17,13 +17,15 @@ import asyncio
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ring import api, paxos
 from ring.client.options import RecordScan, RecordValue, ScannedRecord
 from ring.client.proposer import Acceptors, Proposer
-from ring.client.view import RingTracker
+from ring.client.view import RingTracker, RingView
 from ring.errors import (
     DataUnavailable,
+    PeerError,
     ProtocolError,
     QuorumError,
     RecordConflict,
@@ -105,6 +107,31 @@ def scan_verdicts(
         {p for page in pages.values() for p in page.prefixes if cut is None or p <= cut}
     )
     return ScanVerdict(chosen, undecided, prefixes, cut is not None, cut or "")
+
+
+def _covered(view: RingView, pages: Mapping[str, api.ScanAnswer], placement: str) -> bool:
+    """Whether every chosen record is in some page: every member answered (a record is
+    on W of its acceptors, or on the peers that held it before a join until repair moved
+    it, all members), or else every group of peers some key is stored on has
+    ``R - W + 1`` members whose page can be trusted to show what they accepted (same
+    placement, caught up)."""
+    answered = {peer_id for peer_id, page in pages.items() if page.placement == placement}
+    if all(member.peer_id in answered for member in view.ring.members):
+        return True
+    replication, write_quorum = view.record_quorums()
+    count = min(replication, len(view.ring))
+    needed = max(1, count - write_quorum + 1)
+    trusted = {peer_id for peer_id in answered if pages[peer_id].settled}
+    return all(
+        len(trusted.intersection(group)) >= needed for group in view.ring.preference_sets(count)
+    )
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 class RecordIO:
@@ -234,6 +261,7 @@ class RecordIO:
     async def scan_records(
         self, prefix: str, *, limit: int = api.LIST_LIMIT_MAX, after: str = "",
         delimiter: bool = False, head_bytes: int = 0, include_deleted: bool = False,
+        allow_stale: bool = False,
     ) -> RecordScan:  # fmt: skip
         """The records under ``prefix`` past ``after``, each as chosen, with the first
         ``head_bytes`` of its value: one request per peer, where listing and reading each
@@ -242,7 +270,13 @@ class RecordIO:
         see them) is taken from them, and the others are read one by one (a round when
         needed), so every record is what a read would have returned. With
         ``delimiter``, keys with a "/" past the prefix come back rolled up into
-        ``prefixes``. Records on no reachable peer are not seen, as in ``list_records``."""
+        ``prefixes``.
+
+        A record held by none of the peers that answered cannot be seen, so a scan
+        needs, for every group of peers some key is stored on, ``R - W + 1`` of them to
+        answer, caught up: else ``DataUnavailable``, as a read of such a key would raise.
+        ``allow_stale`` answers anyway (``complete=False``), and reads records whose
+        acceptors disagree as ``get_record(allow_stale=True)`` does."""
         if not 0 < limit <= api.LIST_LIMIT_MAX:
             raise ProtocolError(f"a scan takes 1..{api.LIST_LIMIT_MAX} records at a time")
         view = await self._view.ring()
@@ -252,36 +286,44 @@ class RecordIO:
 
         async def one(member: Member, _hint: Member | None) -> api.ScanAnswer:
             answer = await self._transport.request(member.address, api.RECORDS_LIST.method, path)
-            return api.parse_scan_answer(answer.json(), limit)
+            try:
+                return api.parse_scan_answer(answer.json(), limit)
+            except ProtocolError as exc:  # a peer of another version, say: not an answer
+                raise PeerError(member.address, f"unusable scan page: {exc}") from exc
 
         result = await self._view.fan_out(
             view.ring.members, len(view.ring), one, attempt_s=self._view.options.list_attempt_s
         )
         pages = {member.peer_id: page for member, page in result.answers}
-        if not pages:
-            raise DataUnavailable([prefix], result.causes)
-        verdict = scan_verdicts(
-            pages, paxos.placement_digest(view.ring.members), lambda key: Acceptors.of(view, key)
-        )
-        found = dict(verdict.chosen)
+        placement = paxos.placement_digest(view.ring.members)
+        complete = _covered(view, pages, placement)
+        if not complete and not allow_stale:
+            raise DataUnavailable([prefix], ["too few peers answered the scan", *result.causes])
+        verdict = scan_verdicts(pages, placement, lambda key: Acceptors.of(view, key))
+        found = {key: (value, True) for key, value in verdict.chosen.items()}
         slots = asyncio.Semaphore(SCAN_READS_MAX)
 
         async def read(key: str) -> None:
             async with slots:
-                value, _settled = await self.read_value(key, allow_stale=True)
-            found[key] = value
+                found[key] = await self.read_value(key, allow_stale=allow_stale)
 
-        async with asyncio.TaskGroup() as group:
-            for key in verdict.undecided:
-                group.create_task(read(key))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for key in verdict.undecided:
+                    group.create_task(read(key))
+        except BaseExceptionGroup as group_error:
+            raise _first_leaf(group_error) from None
         records = [
-            ScannedRecord(key, value.version, value.data[:head_bytes], value.deleted, value.op)
-            for key, value in sorted(found.items())
+            ScannedRecord(
+                key, value.version, value.data[:head_bytes], value.deleted, value.op, settled
+            )
+            for key, (value, settled) in sorted(found.items())
             if value.version > 0 and (include_deleted or not value.deleted)
         ]
         return RecordScan(
-            records, verdict.prefixes, verdict.truncated, verdict.last, len(verdict.undecided)
-        )
+            records, verdict.prefixes, verdict.truncated, verdict.last, len(verdict.undecided),
+            complete,
+        )  # fmt: skip
 
     async def list_records(self, prefix: str = "", *, limit: int = 10_000) -> dict[str, int]:
         """Keys under ``prefix`` with the newest version any reachable peer knows (keys

@@ -68,9 +68,9 @@ final class Sr3Client implements Closeable {
     }
   }
 
-  /** An answer: status, body, the error code of a refusal, a file's size and version (-1). */
+  /** An answer: status, body, the error code of a refusal, a file's size (-1) and tag (""). */
   record Answer(
-      int status, byte[] body, String code, String message, long fileSize, long fileVersion) {
+      int status, byte[] body, String code, String message, long fileSize, String fileTag) {
     JsonNode json() throws IOException {
       if (body.length > JSON_BYTES_MAX) {
         throw new IOException("sr3: answer above " + JSON_BYTES_MAX + " bytes");
@@ -234,8 +234,8 @@ final class Sr3Client implements Closeable {
     int status = response.statusCode();
     if (status < 400) {
       long fileSize = response.headers().firstValueAsLong("X-SR3-File-Size").orElse(-1);
-      long version = response.headers().firstValueAsLong("X-SR3-File-Version").orElse(-1);
-      return new Answer(status, payload, "", "", fileSize, version);
+      String tag = response.headers().firstValue("X-SR3-File-Tag").orElse("");
+      return new Answer(status, payload, "", "", fileSize, tag);
     }
     String code = "";
     String message = new String(payload, StandardCharsets.UTF_8);
@@ -246,7 +246,7 @@ final class Sr3Client implements Closeable {
     } catch (IOException e) {
       // not JSON: keep the raw text as the message
     }
-    return new Answer(status, payload, code, message, -1, -1);
+    return new Answer(status, payload, code, message, -1, "");
   }
 
   /** The exception Hadoop's contract names for a refusal. */

@@ -30,6 +30,7 @@ public class Sr3FileSystem extends FileSystem {
   static final int BLOCK_BYTES_DEFAULT = 4 * 1024 * 1024;
   static final int BLOCK_BYTES_MAX = 64 * 1024 * 1024;
   static final short REPLICATION = 3;
+  static final int LIST_ENTRIES_MAX = 1_000_000;
 
   private URI uri;
   private Sr3Client client;
@@ -118,7 +119,7 @@ public class Sr3FileSystem extends FileSystem {
     }
     return new FSDataInputStream(
         new Sr3InputStream(
-            client, target, first.fileSize(), first.fileVersion(), blockBytes, first.body()));
+            client, target, first.fileSize(), first.fileTag(), blockBytes, first.body()));
   }
 
   @Override
@@ -213,10 +214,19 @@ public class Sr3FileSystem extends FileSystem {
       for (JsonNode entry : entries) {
         statuses.add(status(entry));
       }
-      if (!listing.path("truncated").asBoolean(false) || entries.size() == 0) {
+      if (!listing.path("truncated").asBoolean(false)) {
         return statuses.toArray(new FileStatus[0]);
       }
-      after = entries.get(entries.size() - 1).path("name").asText();
+      // Where the next page starts: a page that ran into many deleted entries may hold
+      // none; older peers name no "next", and the last entry is where to go on.
+      String following = listing.path("next").asText("");
+      if (following.isEmpty() && entries.size() > 0) {
+        following = entries.get(entries.size() - 1).path("name").asText();
+      }
+      if (following.isEmpty() || following.equals(after) || statuses.size() > LIST_ENTRIES_MAX) {
+        throw new IOException("sr3: " + target + ": a listing without an end");
+      }
+      after = following;
     }
   }
 

@@ -11,6 +11,7 @@ import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.hadoop.fs.FSInputStream;
 
 /**
@@ -18,14 +19,16 @@ import org.apache.hadoop.fs.FSInputStream;
  * positioned reads that leave the position alone. Every block is checked to be exactly
  * the length asked for; a short answer is an error, never a short file.
  *
- * <p>Blocks after the first name the version the first came with: the coordinator serves
- * them from that version (without reading the file's record again when it read it
- * lately), or refuses (409 changed) once it no longer knows it, so a stream reads the
- * version it opened, whole, or fails; it never mixes two. Reading on sequentially from
- * a block fetches the next one in the background (one block ahead, on a small shared
- * pool, {@link #AHEAD_THREADS_MAX} threads and {@link #AHEAD_QUEUED_MAX} waiting; when it
- * is full the next block is simply fetched when needed), so a copy out of sr3:// does
- * not wait for each block in turn.
+ * <p>Blocks after the first name the version the first came with (its tag: version and
+ * operation id): the coordinator serves them from that version (without reading the
+ * file's record again when it read it lately), or refuses (409 changed) once it no
+ * longer knows it, so a stream reads the version it opened, whole, or fails; it never
+ * mixes two. Reading on sequentially (a block asked for right after the previous one)
+ * fetches the next block in the background, one ahead, on a small pool shared by the
+ * JVM ({@link #AHEAD_THREADS_MAX} threads, {@link #AHEAD_QUEUED_MAX} waiting; when it is
+ * full the block is fetched when needed). A reader that needs a block whose background
+ * fetch has not started yet claims it and fetches it itself, so a reader never waits
+ * behind other streams' fetches.
  */
 final class Sr3InputStream extends FSInputStream {
   static final int AHEAD_THREADS_MAX = 8;
@@ -50,21 +53,22 @@ final class Sr3InputStream extends FSInputStream {
   private final Sr3Client client;
   private final String path;
   private final long size;
-  private final long version;
+  private final String tag;
   private final int blockBytes;
   private long position;
   private byte[] block = new byte[0];
   private long blockStart;
   private boolean closed;
   private CompletableFuture<byte[]> ahead;
+  private AtomicBoolean aheadClaimed;
   private long aheadStart = -1;
 
   /**
-   * {@code first}: the file's first block, read when it was opened; {@code version}: the
-   * version it came with (-1: unknown, later blocks read whatever is there).
+   * {@code first}: the file's first block, read when it was opened; {@code tag}: the
+   * version it came from ("": unknown, later blocks read whatever is there).
    */
   Sr3InputStream(
-      Sr3Client client, String path, long size, long version, int blockBytes, byte[] first)
+      Sr3Client client, String path, long size, String tag, int blockBytes, byte[] first)
       throws IOException {
     if (size < 0 || first.length != Math.min(size, blockBytes)) {
       throw new IOException("sr3: " + path + ": the first block does not match the file's size");
@@ -72,7 +76,7 @@ final class Sr3InputStream extends FSInputStream {
     this.client = client;
     this.path = path;
     this.size = size;
-    this.version = version;
+    this.tag = tag;
     this.blockBytes = blockBytes;
     this.block = first;
     this.blockStart = 0;
@@ -87,7 +91,7 @@ final class Sr3InputStream extends FSInputStream {
   private byte[] fetch(long offset, int length) throws IOException {
     String pathQs =
         Sr3Client.route("files", path) + "?offset=" + offset + "&length=" + length
-            + (version >= 0 ? "&version=" + version : "");
+            + (tag.isEmpty() ? "" : "&tag=" + tag);
     Sr3Client.Answer answer = client.send("GET", pathQs, Sr3Client.Body.NONE);
     if (answer.status() != 200) {
       throw Sr3Client.refusal(path, answer);
@@ -109,10 +113,14 @@ final class Sr3InputStream extends FSInputStream {
       return true;
     }
     int length = (int) Math.min(blockBytes, size - offset);
-    block = offset == aheadStart ? awaitAhead() : fetch(offset, length);
-    blockStart = offset;
+    boolean sequential = offset == blockStart + block.length;
+    byte[] fetched = offset == aheadStart ? awaitAhead() : null;
     cancelAhead();
-    readAhead(offset + block.length);
+    block = fetched != null ? fetched : fetch(offset, length);
+    blockStart = offset;
+    if (sequential) {
+      readAhead(offset + block.length);
+    }
     return true;
   }
 
@@ -122,10 +130,14 @@ final class Sr3InputStream extends FSInputStream {
       return;
     }
     int length = (int) Math.min(blockBytes, size - offset);
+    AtomicBoolean claimed = new AtomicBoolean();
     try {
       ahead =
           CompletableFuture.supplyAsync(
               () -> {
+                if (!claimed.compareAndSet(false, true)) {
+                  return null; // the reader took this block over before it started
+                }
                 try {
                   return fetch(offset, length);
                 } catch (IOException e) {
@@ -133,14 +145,20 @@ final class Sr3InputStream extends FSInputStream {
                 }
               },
               AHEAD);
+      aheadClaimed = claimed;
       aheadStart = offset;
     } catch (RejectedExecutionException e) {
       ahead = null; // the pool is busy: this block is fetched when it is needed
+      aheadClaimed = null;
       aheadStart = -1;
     }
   }
 
+  /** The block read ahead at {@code offset}, or null: not started yet, so taken over. */
   private byte[] awaitAhead() throws IOException {
+    if (aheadClaimed.compareAndSet(false, true)) {
+      return null; // queued behind other streams' fetches: the caller fetches it now
+    }
     try {
       return ahead.get();
     } catch (InterruptedException e) {
@@ -154,14 +172,18 @@ final class Sr3InputStream extends FSInputStream {
       throw new IOException("sr3: " + path + ": reading ahead failed", cause == null ? e : cause);
     } finally {
       ahead = null;
+      aheadClaimed = null;
       aheadStart = -1;
     }
   }
 
+  /** Drops the block read ahead (a fetch not started yet never starts). */
   private void cancelAhead() {
     if (ahead != null) {
+      aheadClaimed.set(true);
       ahead.cancel(false);
       ahead = null;
+      aheadClaimed = null;
       aheadStart = -1;
     }
   }

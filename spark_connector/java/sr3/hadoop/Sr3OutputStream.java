@@ -90,11 +90,16 @@ final class Sr3OutputStream extends OutputStream {
       if (spillStream != null) {
         spillStream.close();
       }
-      if (spill != null) {
-        Files.deleteIfExists(spill);
-      }
     } catch (IOException e) {
-      // a temporary file that cannot be removed is left to the OS's temporary directory
+      // closing what is about to be deleted: nothing to keep
+    } finally {
+      try {
+        if (spill != null) {
+          Files.deleteIfExists(spill);
+        }
+      } catch (IOException e) {
+        // a temporary file that cannot be removed is left to the OS's temporary directory
+      }
     }
   }
 
