@@ -473,8 +473,9 @@ class Peer:
             head_bytes=head_bytes,
         )  # fmt: skip
         acceptor = self.node.acceptor
-        # A leaving peer is out of placement: no client counts its slots.
-        settled = acceptor.settled() and not self._leaving()
+        # A leaving peer refuses prepares and accepts, so its slots are as they will
+        # stay; it is out of placement, so clients count them as a former holder's.
+        settled = acceptor.settled()
         records = tuple(
             api.ScanRecord(
                 r.key,
