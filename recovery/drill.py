@@ -15,11 +15,11 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from recovery.auto import measured
+from recovery.auto import measured, verify_rate
 from recovery.cost import Choice, Network, Workload, choose
 from recovery.executor import RecoveryResult, locate, recover_blob
 from recovery.plan import TOPOLOGIES, Topology, parse_topology
@@ -122,7 +122,10 @@ async def _choose(client: Client, ref: BlobRef, options: DrillOptions, replicati
         replication=replication,
     )
     network = _network(options)
-    return choose(workload, network if _emulated(options) else measured(client, network))
+    if _emulated(options):
+        # The links as given; the CPU rate as measured here, like a real recovery's.
+        return choose(workload, replace(network, node_bytes_s=verify_rate(client).bytes_s()))
+    return choose(workload, measured(client, network))
 
 
 async def _warm_up(client: Client, state: BlobRef, work: Path, options: DrillOptions) -> None:

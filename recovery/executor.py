@@ -34,7 +34,7 @@ from typing import Any, Literal
 import xxhash
 
 from recovery import frames
-from recovery.auto import choose_for, measured
+from recovery.auto import choose_for, measured, timed_decode, verify_rate
 from recovery.cost import Network
 from recovery.frames import Frame, FrameParser
 from recovery.plan import ChunkSpec, Plan, PlanNode, Topology, build_plan, parse_topology
@@ -213,6 +213,7 @@ class _Run:
             else None
         )
         self.direct_slots = asyncio.Semaphore(client.options.transfers_max)
+        self.rate = verify_rate(client)
         self.delivered: set[str] = set()
         self.rerouted: dict[str, None] = {}
         self.failed: dict[str, None] = {}
@@ -292,7 +293,9 @@ class _Run:
             self.duplicate_frames += 1
         else:
             try:
-                raw = await asyncio.to_thread(codec.decode_view, frame.payload, frame.chunk_id)
+                raw = await asyncio.to_thread(
+                    timed_decode, self.rate, frame.payload, frame.chunk_id
+                )
             except ChunkCorrupt as exc:
                 log.warning("recovery: chunk failed end-to-end verification: %s", exc)
                 return
