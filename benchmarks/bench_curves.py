@@ -283,6 +283,7 @@ def _plot_peers(figure: Any) -> None:
                  label="bare aiohttp PUT (no replication), median")  # fmt: skip
     axes.set_xlabel("peers (R=3)")
     axes.set_ylabel("MB/s")
+    axes.set_ylim(bottom=0)
     axes.set_title(f"Throughput of {data['size']} vs ring size (one 2-core machine)")
     axes.legend()
 
@@ -313,6 +314,7 @@ def _plot_repair(figure: Any) -> None:
               label="of which copying")  # fmt: skip
     axes.set_xlabel("data re-replicated (MB)")
     axes.set_ylabel("seconds")
+    axes.set_ylim(bottom=0)
     axes.set_title("Repair after 2 of 8 peers are SIGKILLed")
     axes.legend()
 
