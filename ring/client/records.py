@@ -17,9 +17,9 @@ import asyncio
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ring import api, paxos
+from ring.client.chunks import first_error
 from ring.client.options import RecordScan, RecordValue, ScannedRecord
 from ring.client.proposer import Acceptors, Proposer
 from ring.client.view import RingTracker, RingView
@@ -125,13 +125,6 @@ def _covered(view: RingView, pages: Mapping[str, api.ScanAnswer], placement: str
     return all(
         len(trusted.intersection(group)) >= needed for group in view.ring.preference_sets(count)
     )
-
-
-def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
-    return error
 
 
 class RecordIO:
@@ -312,7 +305,7 @@ class RecordIO:
                 for key in verdict.undecided:
                     group.create_task(read(key))
         except BaseExceptionGroup as group_error:
-            raise _first_leaf(group_error) from None
+            raise first_error(group_error) from None
         records = [
             ScannedRecord(
                 key, value.version, value.data[:head_bytes], value.deleted, value.op, settled
