@@ -159,7 +159,9 @@ def print_restart(restart: dict[str, Any]) -> None:
         f"  ring   {restart['ring_total_s_median']:7.2f} s  (restore "
         f"{restart['restore_s_median']:.2f} s, first batch "
         f"{restart['first_batch_after_ring_s_median']:.2f} s)\n"
-        f"  local  {restart['local_total_s_median']:7.2f} s  (first batch only)\n"
+        f"  local  {restart['local_total_s_median']:7.2f} s  (first batch only; copying "
+        f"the {build['checkpoint_bytes_on_disk'] / MIB:.0f} MiB checkpoint there took "
+        f"{restart['local_copy_s_median']:.2f} s, untimed)\n"
         f"  ratio  {_ratio(restart['ratio'], TARGET_RESTART_RATIO)}"
     )
 

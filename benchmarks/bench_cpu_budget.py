@@ -51,6 +51,8 @@ GIB = 1024**3
 REPLICATION = 3
 SPARK_IDS_PER_FILE = 300_000
 SPARK_FILES = 3
+# zstd levels compared (``zstd_levels``): the default and the fast (negative) levels.
+LEVELS = (3, 1, -1, -2, -3, -5)
 
 
 def chunks_of_files(paths: list[Path]) -> list[bytes]:
@@ -88,15 +90,16 @@ def per_gib(raw_bytes: int, step: Callable[[], None], rounds: int = 1) -> float:
     return (time.process_time() - started) / rounds * GIB / raw_bytes
 
 
+def each(step: Callable[[bytes], object], data: list[bytes]) -> Callable[[], None]:
+    return lambda: [step(item) for item in data] and None
+
+
 def measure(chunks: list[bytes], work: Path) -> dict[str, Any]:
     raw_bytes = sum(len(c) for c in chunks)
     compressor = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
     stored = [codec.encode(c, sample=False)[1] for c in chunks]
     stored_bytes = sum(len(s) for s in stored)
     sampled = [codec.encode(c)[1] for c in chunks]
-
-    def each(step: Callable[[bytes], object], data: list[bytes]) -> Callable[[], None]:
-        return lambda: [step(item) for item in data] and None
 
     figures: dict[str, float] = {
         "address xxh3-128": per_gib(raw_bytes, each(xxhash.xxh3_128_digest, chunks)),
@@ -132,10 +135,31 @@ def measure(chunks: list[bytes], work: Path) -> dict[str, Any]:
     return {
         "raw_bytes": raw_bytes,
         "chunks": len(chunks),
+        "zstd_levels": zstd_levels(chunks),
         "stored_over_raw": stored_bytes / raw_bytes,
         "stored_over_raw_sampled": sum(len(s) for s in sampled) / raw_bytes,
         "cpu_s_per_gib": figures,
     }
+
+
+def zstd_levels(chunks: list[bytes]) -> dict[str, dict[str, float]]:
+    """Stored/raw and CPU per GiB raw of compressing and of a full decode at each level
+    in ``LEVELS`` (every chunk compressed, no sampling): the level's trade-off."""
+    raw_bytes = sum(len(c) for c in chunks)
+    decompressor = zstandard.ZstdDecompressor()
+    found: dict[str, dict[str, float]] = {}
+    for level in LEVELS:
+        compressor = zstandard.ZstdCompressor(level=level)
+        packed = [compressor.compress(c) for c in chunks]
+        found[str(level)] = {
+            "stored_over_raw": sum(len(p) for p in packed) / raw_bytes,
+            "compress_cpu_s_per_gib": per_gib(raw_bytes, each(compressor.compress, chunks)),
+            "decode_cpu_s_per_gib": per_gib(
+                raw_bytes,
+                each(lambda p: xxhash.xxh3_128_digest(decompressor.decompress(p)), packed),
+            ),
+        }
+    return found
 
 
 def budget(stages: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -231,6 +255,10 @@ def main() -> int:
                   f"(sampled {figure['stored_over_raw_sampled']:.2f})")  # fmt: skip
             for stage, seconds in figure["cpu_s_per_gib"].items():
                 print(f"  {stage:45} {seconds:6.3f} s/GiB")
+            for level, row in figure["zstd_levels"].items():
+                print(f"  zstd level {level:>3}: stored/raw {row['stored_over_raw']:.3f}, "
+                      f"compress {row['compress_cpu_s_per_gib']:.2f} s/GiB, "
+                      f"decode {row['decode_cpu_s_per_gib']:.2f} s/GiB")  # fmt: skip
             for when, sides in figure["budget_cpu_s_per_gib"].items():
                 print(f"  budget {when:6}: client {sides['client']:.2f} s/GiB, peers "
                       f"{sides['peers']:.2f} s/GiB (R={REPLICATION})")  # fmt: skip

@@ -133,6 +133,9 @@ def restart_summary(build: dict[str, Any], trials: Sequence[dict[str, Any]]) -> 
         "restore_mb_s": build["cut_bytes"] / 1e6 / restore_s if restore_s else None,
         "first_batch_after_ring_s_median": of("ring", "first_batch_s"),
         "first_batch_after_local_s_median": of("local", "first_batch_s"),
+        # Copying the intact checkpoint (every retained version) with its sync, untimed
+        # in the local restart: the cost of laying these bytes into new files here.
+        "local_copy_s_median": of("local", "local_copy_s"),
         "build": build,
         "trials": list(trials),
     }
