@@ -56,6 +56,8 @@ FAN_IN_DEFAULT = 4
 CONNECTIONS_MAX_DEFAULT = 8
 INGRESS_BURST_BYTES = 64 * 1024
 READ_BYTES = 4 * 1024 * 1024
+# Chunks of one recovery stream decoded and written at once, while the next arrives.
+FRAMES_IN_FLIGHT = 2
 # Failures of a root stream after which its undelivered chunks are fetched directly.
 _STREAM_FAILURES = (PeerError, ProtocolError, AuthError)
 
@@ -268,19 +270,31 @@ class _Run:
         body = codec.compact_json(root.to_json())
         expected = frozenset(root.chunk_ids())
         parser = FrameParser()
-        async with self.client.transport.stream(
-            address, api.RECOVERY_STREAM.method, api.RECOVERY_STREAM.pattern, body=body
-        ) as pieces:
-            async for piece in pieces:
-                await self._take(len(piece))
-                for frame in parser.feed(piece):
-                    await self._accept(frame, expected)
+        # Up to FRAMES_IN_FLIGHT chunks of this stream are decoded and written while the
+        # next one arrives (the stream used to wait for each chunk's write).
+        in_flight = asyncio.Semaphore(FRAMES_IN_FLIGHT)
+        try:
+            async with (
+                asyncio.TaskGroup() as group,
+                self.client.transport.stream(
+                    address, api.RECOVERY_STREAM.method, api.RECOVERY_STREAM.pattern, body=body
+                ) as pieces,
+            ):
+                async for piece in pieces:
+                    await self._take(len(piece))
+                    for frame in parser.feed(piece):
+                        if self._accept(frame, expected):
+                            await in_flight.acquire()
+                            group.create_task(self._decode_and_deliver(frame, in_flight))
+        except BaseExceptionGroup as group_error:
+            raise _first_error(group_error) from None
         if not parser.ended:
             raise ProtocolError(f"{root.peer_id}: recovery stream ended without its end")
 
-    async def _accept(self, frame: Frame, expected: frozenset[str]) -> None:
+    def _accept(self, frame: Frame, expected: frozenset[str]) -> bool:
+        """Take a frame's notice; True when it is a chunk still to decode and deliver."""
         if frame.kind == frames.KIND_END:
-            return
+            return False
         if frame.chunk_id not in expected:
             raise ProtocolError(f"recovery stream sent chunk {frame.chunk_id}, not in its plan")
         if frame.kind == frames.KIND_REROUTED:
@@ -292,6 +306,11 @@ class _Run:
         elif frame.chunk_id in self.delivered:
             self.duplicate_frames += 1
         else:
+            return True
+        return False
+
+    async def _decode_and_deliver(self, frame: Frame, in_flight: asyncio.Semaphore) -> None:
+        try:
             try:
                 raw = await asyncio.to_thread(
                     timed_decode, self.rate, frame.payload, frame.chunk_id
@@ -300,6 +319,8 @@ class _Run:
                 log.warning("recovery: chunk failed end-to-end verification: %s", exc)
                 return
             await self._deliver(frame.chunk_id, raw, len(frame.payload))
+        finally:
+            in_flight.release()
 
     # -- around failures ----------------------------------------------------------------
 
