@@ -184,6 +184,15 @@ async def recover(
     return replace(result, reason=reason)
 
 
+def _raise_first_failure(tasks: list[asyncio.Task[None]]) -> list[asyncio.Task[None]]:
+    """Raise the error of the first of ``tasks`` that failed; else those still running."""
+    done = [task for task in tasks if task.done() and not task.cancelled()]
+    failures = [error for task in done if (error := task.exception()) is not None]
+    if failures:
+        raise failures[0]
+    return [task for task in tasks if not task.done()]
+
+
 def _fan_in(plan: Plan, connections_max: int) -> int:
     requester = min(len(plan.roots), connections_max)
     return max([requester, *(root.max_fan_in() for root in plan.roots)])
@@ -271,23 +280,28 @@ class _Run:
         expected = frozenset(root.chunk_ids())
         parser = FrameParser()
         # Up to FRAMES_IN_FLIGHT chunks of this stream are decoded and written while the
-        # next one arrives (the stream used to wait for each chunk's write).
+        # next one arrives (the stream used to wait for each chunk's write). They are not
+        # cancelled when the stream fails: a delivery cut short would leave a chunk
+        # counted as delivered that its sink never finished with.
         in_flight = asyncio.Semaphore(FRAMES_IN_FLIGHT)
+        deliveries: list[asyncio.Task[None]] = []
         try:
-            async with (
-                asyncio.TaskGroup() as group,
-                self.client.transport.stream(
-                    address, api.RECOVERY_STREAM.method, api.RECOVERY_STREAM.pattern, body=body
-                ) as pieces,
-            ):
+            async with self.client.transport.stream(
+                address, api.RECOVERY_STREAM.method, api.RECOVERY_STREAM.pattern, body=body
+            ) as pieces:
                 async for piece in pieces:
                     await self._take(len(piece))
                     for frame in parser.feed(piece):
                         if self._accept(frame, expected):
                             await in_flight.acquire()
-                            group.create_task(self._decode_and_deliver(frame, in_flight))
-        except BaseExceptionGroup as group_error:
-            raise _first_error(group_error) from None
+                            deliveries = _raise_first_failure(deliveries)
+                            deliveries.append(
+                                asyncio.create_task(self._decode_and_deliver(frame, in_flight))
+                            )
+        finally:
+            if deliveries:
+                await asyncio.wait(deliveries)
+            _raise_first_failure(deliveries)
         if not parser.ended:
             raise ProtocolError(f"{root.peer_id}: recovery stream ended without its end")
 

@@ -460,6 +460,31 @@ def assemble(ref: BlobRef, chunks: dict[str, bytes]) -> bytes:
     return b"".join(chunks[e.chunk_id][e.offset : e.offset + e.length] for e in ref.extents)
 
 
+async def test_a_chunk_being_written_when_its_stream_fails_is_written_whole(
+    make_cluster: MakeCluster, tmp_path: Path, rng: random.Random
+) -> None:
+    """Breaks: the only stream's peer SIGKILLed while the sink is still writing the first
+    chunk it got (the stream keeps reading meanwhile). Holds: that write is not cut short
+    (a cut-short write would count the chunk delivered and leave it unwritten), and the
+    state comes back byte-identical."""
+    cluster = make_cluster(PEERS, peer_flags=peer_flags(rng, "--egress-rate", SLOW_EGRESS))
+    received: dict[str, bytes] = {}
+    async with Client(cluster.ring, cluster.secret, options=OPTIONS) as client:
+        ref, data = await store_state(client, tmp_path, rng)
+        plan = await plan_of(client, ref, "line")
+        streamer = plan.roots[0].peer_id
+
+        async def sink(chunk_id: str, raw: bytes) -> None:
+            if not received:
+                await asyncio.to_thread(cluster.kill, streamer)
+                await asyncio.sleep(0.5)  # the stream fails while this write goes on
+            received[chunk_id] = raw
+
+        result = await recover(client, unique_chunks(ref), "line", sink, connections_max=1)
+    assert assemble(ref, received) == data
+    assert streamer in result.failed_peers
+
+
 async def test_only_holder_killed_with_r1_names_exactly_the_lost_chunks(
     make_cluster: MakeCluster, tmp_path: Path, rng: random.Random
 ) -> None:
