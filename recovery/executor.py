@@ -56,8 +56,6 @@ FAN_IN_DEFAULT = 4
 CONNECTIONS_MAX_DEFAULT = 8
 INGRESS_BURST_BYTES = 64 * 1024
 READ_BYTES = 4 * 1024 * 1024
-# Chunks of one recovery stream decoded and written at once, while the next arrives.
-FRAMES_IN_FLIGHT = 2
 # Failures of a root stream after which its undelivered chunks are fetched directly.
 _STREAM_FAILURES = (PeerError, ProtocolError, AuthError)
 
@@ -184,15 +182,6 @@ async def recover(
     return replace(result, reason=reason)
 
 
-def _raise_first_failure(tasks: list[asyncio.Task[None]]) -> list[asyncio.Task[None]]:
-    """Raise the error of the first of ``tasks`` that failed; else those still running."""
-    done = [task for task in tasks if task.done() and not task.cancelled()]
-    failures = [error for task in done if (error := task.exception()) is not None]
-    if failures:
-        raise failures[0]
-    return [task for task in tasks if not task.done()]
-
-
 def _fan_in(plan: Plan, connections_max: int) -> int:
     requester = min(len(plan.roots), connections_max)
     return max([requester, *(root.max_fan_in() for root in plan.roots)])
@@ -279,36 +268,19 @@ class _Run:
         body = codec.compact_json(root.to_json())
         expected = frozenset(root.chunk_ids())
         parser = FrameParser()
-        # Up to FRAMES_IN_FLIGHT chunks of this stream are decoded and written while the
-        # next one arrives (the stream used to wait for each chunk's write). They are not
-        # cancelled when the stream fails: a delivery cut short would leave a chunk
-        # counted as delivered that its sink never finished with.
-        in_flight = asyncio.Semaphore(FRAMES_IN_FLIGHT)
-        deliveries: list[asyncio.Task[None]] = []
-        try:
-            async with self.client.transport.stream(
-                address, api.RECOVERY_STREAM.method, api.RECOVERY_STREAM.pattern, body=body
-            ) as pieces:
-                async for piece in pieces:
-                    await self._take(len(piece))
-                    for frame in parser.feed(piece):
-                        if self._accept(frame, expected):
-                            await in_flight.acquire()
-                            deliveries = _raise_first_failure(deliveries)
-                            deliveries.append(
-                                asyncio.create_task(self._decode_and_deliver(frame, in_flight))
-                            )
-        finally:
-            if deliveries:
-                await asyncio.wait(deliveries)
-            _raise_first_failure(deliveries)
+        async with self.client.transport.stream(
+            address, api.RECOVERY_STREAM.method, api.RECOVERY_STREAM.pattern, body=body
+        ) as pieces:
+            async for piece in pieces:
+                await self._take(len(piece))
+                for frame in parser.feed(piece):
+                    await self._accept(frame, expected)
         if not parser.ended:
             raise ProtocolError(f"{root.peer_id}: recovery stream ended without its end")
 
-    def _accept(self, frame: Frame, expected: frozenset[str]) -> bool:
-        """Take a frame's notice; True when it is a chunk still to decode and deliver."""
+    async def _accept(self, frame: Frame, expected: frozenset[str]) -> None:
         if frame.kind == frames.KIND_END:
-            return False
+            return
         if frame.chunk_id not in expected:
             raise ProtocolError(f"recovery stream sent chunk {frame.chunk_id}, not in its plan")
         if frame.kind == frames.KIND_REROUTED:
@@ -320,11 +292,6 @@ class _Run:
         elif frame.chunk_id in self.delivered:
             self.duplicate_frames += 1
         else:
-            return True
-        return False
-
-    async def _decode_and_deliver(self, frame: Frame, in_flight: asyncio.Semaphore) -> None:
-        try:
             try:
                 raw = await asyncio.to_thread(
                     timed_decode, self.rate, frame.payload, frame.chunk_id
@@ -333,8 +300,6 @@ class _Run:
                 log.warning("recovery: chunk failed end-to-end verification: %s", exc)
                 return
             await self._deliver(frame.chunk_id, raw, len(frame.payload))
-        finally:
-            in_flight.release()
 
     # -- around failures ----------------------------------------------------------------
 

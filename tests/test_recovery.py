@@ -26,7 +26,7 @@ from support import SEED, HttpProbe, MakeCluster, chunk_holders, start_cluster
 from recovery import frames
 from recovery.auto import measured
 from recovery.cost import Network
-from recovery.executor import FRAMES_IN_FLIGHT, locate, recover, recover_blob
+from recovery.executor import locate, recover, recover_blob
 from recovery.frames import Frame, FrameParser
 from recovery.plan import TOPOLOGIES, Plan, PlanNode, Topology, build_plan
 from recovery.relay import PLAN_BYTES_MAX, parse_plan
@@ -263,30 +263,6 @@ async def test_recover_calls_the_sink_once_per_chunk(
         result = await recover(client, chunk_ids * 2, "tree", sink, connections_max=1)
     assert received == dict.fromkeys(chunk_ids, 1)
     assert result.chunks == len(chunk_ids)
-
-
-async def test_a_stream_decodes_and_writes_the_next_chunk_while_one_is_written(
-    ring6: LocalCluster, tmp_path: Path, rng: random.Random
-) -> None:
-    # One stream (line, one connection): a slow sink still sees FRAMES_IN_FLIGHT chunks
-    # at once, never more; every chunk once.
-    running = most = 0
-    received: list[str] = []
-
-    async def sink(chunk_id: str, raw: bytes) -> None:
-        nonlocal running, most
-        running += 1
-        most = max(most, running)
-        await asyncio.sleep(0.05)
-        received.append(chunk_id)
-        running -= 1
-
-    async with Client(ring6.ring, ring6.secret, options=OPTIONS) as client:
-        ref, _data = await store_state(client, tmp_path, rng)
-        chunk_ids = unique_chunks(ref)
-        await recover(client, chunk_ids, "line", sink, connections_max=1)
-    assert sorted(received) == sorted(chunk_ids)
-    assert most == FRAMES_IN_FLIGHT
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
