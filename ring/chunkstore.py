@@ -1,10 +1,13 @@
 """The peer's on-disk chunk store.
 
 Chunks live under ``<data>/chunks/<first two hex digits>/<chunk id>`` in their stored form
-(see ``ring.codec``). A write goes to ``<data>/tmp``, is fsynced, renamed into place and the
-directory fsynced, so a crash leaves either the whole chunk or nothing. Every chunk is
-fully verified (decompressed and re-hashed) before it is written, and its header and
-payload checksum are verified on every read; a file that fails is moved to
+(see ``ring.codec``). A write goes to ``<data>/tmp``, is fsynced, renamed into place and
+the directory fsynced, so a crash leaves either the whole chunk or nothing. Where the
+file system takes it, the write bypasses the page cache (``O_DIRECT``,
+``ring.files.DirectIO``), and so do reads: a chunk is written once and read rarely, and a
+peer should not fill the page cache with it. A chunk's stored form is checked before it is written
+(``codec.check_before_write``), its header and payload checksum on every read, and its
+content by every reader and the scrubber; a file that fails is moved to
 ``<data>/quarantine`` and reported, never served.
 
 Blocking file I/O runs in worker threads, at most ``io_concurrency`` at a time.
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from ring import codec
 from ring.errors import ChunkCorrupt, StorageFull
-from ring.files import move_or_remove, storage_full, write_file_atomic
+from ring.files import DirectIO, move_or_remove, storage_full, write_file_atomic
 
 __all__ = ["ChunkStore", "StoreStats", "write_file_atomic"]
 
@@ -43,6 +46,9 @@ class StoreStats:
     capacity_bytes: int | None
     # Room left on the data folder's file system for this peer (None: not known).
     disk_free_bytes: int | None = None
+    # Whether chunk files bypass the page cache (O_DIRECT): False where the file system
+    # refuses it.
+    direct_io: bool = False
 
 
 class ChunkStore:
@@ -54,7 +60,7 @@ class ChunkStore:
         *,
         capacity_bytes: int | None = None,
         io_concurrency: int = IO_CONCURRENCY_DEFAULT,
-        write_file: Callable[[Path, Path, bytes], None] = write_file_atomic,
+        write_file: Callable[[Path, Path, bytes], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._clock = clock
@@ -62,8 +68,12 @@ class ChunkStore:
         self._tmp_dir = root / "tmp"
         self._quarantine_dir = root / "quarantine"
         self._capacity_bytes = capacity_bytes
+        self._io_concurrency = io_concurrency
         self._io = asyncio.Semaphore(io_concurrency)
+        # None: chosen at open, direct where the file system allows it.
         self._write_file = write_file
+        self._read_file: Callable[[Path], bytes] = Path.read_bytes
+        self._direct_io = False
         self._index: dict[str, int] = {}
         # chunk id -> clock() (monotonic) at its last store (new or repeated), since
         # start: chunk collection leaves recently stored chunks alone.
@@ -78,6 +88,16 @@ class ChunkStore:
             directory.mkdir(parents=True, exist_ok=True)
         for leftover in self._tmp_dir.iterdir():
             leftover.unlink(missing_ok=True)
+        if DirectIO.usable(self._tmp_dir):
+            direct = DirectIO(self._io_concurrency)
+            self._direct_io = True
+            self._read_file = direct.read
+            if self._write_file is None:
+                self._write_file = direct.write_atomic
+        else:
+            log.info("%s does not take O_DIRECT: chunks go through the page cache", self._tmp_dir)
+        if self._write_file is None:
+            self._write_file = write_file_atomic
         for shard in self._chunks_dir.iterdir():
             for entry in shard.iterdir():
                 if codec.is_chunk_id(entry.name):
@@ -111,6 +131,7 @@ class ChunkStore:
             self._quarantined,
             self._capacity_bytes,
             self.disk_free_bytes(),
+            self._direct_io,
         )
 
     def disk_free_bytes(self) -> int | None:
@@ -139,11 +160,11 @@ class ChunkStore:
                 f"storing {len(stored)} bytes would exceed the capacity of "
                 f"{self._capacity_bytes} bytes ({self._stored_bytes} used)"
             )
+        write_file = self._write_file
+        assert write_file is not None, "the chunk store is used before open()"
         async with self._io:
             with storage_full(f"storing chunk {chunk_id}"):
-                await asyncio.to_thread(
-                    self._write_file, self._tmp_dir, self._path(chunk_id), stored
-                )
+                await asyncio.to_thread(write_file, self._tmp_dir, self._path(chunk_id), stored)
         if chunk_id not in self._index:
             self._index[chunk_id] = len(stored)
             self._stored_bytes += len(stored)
@@ -160,7 +181,7 @@ class ChunkStore:
             return None
         async with self._io:
             try:
-                stored = await asyncio.to_thread(self._path(chunk_id).read_bytes)
+                stored = await asyncio.to_thread(self._read_file, self._path(chunk_id))
             except FileNotFoundError:
                 self._forget(chunk_id)
                 return None

@@ -300,6 +300,7 @@ class Peer:
                 "stored_bytes": stats.stored_bytes,
                 "capacity_bytes": stats.capacity_bytes,
                 "disk_free_bytes": stats.disk_free_bytes,
+                "direct_io": stats.direct_io,
                 "quarantined": stats.quarantined,
                 "record_count": self.records.count(),
                 "hints_pending": len(node.hints),
