@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import os
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +178,14 @@ class ChunkIO:
         return raw[extent.offset : extent.offset + extent.length]
 
     async def read_blob(
-        self, ref: BlobRef, sink: Callable[[bytes], object], *, progress: Progress | None = None
+        self,
+        ref: BlobRef,
+        sink: Callable[[bytes], Awaitable[object]],
+        *,
+        progress: Progress | None = None,
     ) -> None:
-        """Feed a blob's bytes to ``sink`` in order, fetching a bounded window ahead.
+        """Feed a blob's bytes to ``sink`` in order, fetching a bounded window ahead (the
+        window's fetches go on while ``sink`` awaits, as when it writes in a thread).
 
         Raises ``DataUnavailable`` naming every chunk no replica could serve (the sink has
         then received a prefix only), and ``ChunkCorrupt`` if the reassembled blob does not
@@ -190,12 +195,12 @@ class ChunkIO:
         pending: deque[asyncio.Task[bytes | DataUnavailable]] = deque()
         missing: list[DataUnavailable] = []
 
-        def deliver(piece: bytes | DataUnavailable) -> None:
+        async def deliver(piece: bytes | DataUnavailable) -> None:
             if isinstance(piece, DataUnavailable):
                 missing.append(piece)
             elif not missing:
                 hasher.update(piece)
-                sink(piece)
+                await sink(piece)
                 if progress is not None:
                     progress(len(piece))
 
@@ -203,10 +208,10 @@ class ChunkIO:
             async with asyncio.TaskGroup() as group:
                 for extent in ref.extents:
                     if len(pending) >= self.options.transfers_max:
-                        deliver(await pending.popleft())
+                        await deliver(await pending.popleft())
                     pending.append(group.create_task(self._fetch_extent(extent)))
                 while pending:
-                    deliver(await pending.popleft())
+                    await deliver(await pending.popleft())
         except BaseExceptionGroup as group_error:
             raise first_error(group_error) from None
         if missing:
@@ -217,16 +222,25 @@ class ChunkIO:
 
     async def get_blob(self, ref: BlobRef) -> bytes:
         pieces: list[bytes] = []
-        await self.read_blob(ref, pieces.append)
+
+        async def append(piece: bytes) -> None:
+            pieces.append(piece)
+
+        await self.read_blob(ref, append)
         return b"".join(pieces)
 
     async def get_file(self, ref: BlobRef, path: Path, *, progress: Progress | None = None) -> None:
-        """Write a blob to ``path`` atomically: a temp file, fsync, then rename."""
+        """Write a blob to ``path`` atomically: a temp file, fsync, then rename. Pieces are
+        written in a worker thread while the next ones arrive."""
         tmp = path.with_name(f".{path.name}.sr3-partial")
         try:
             handle = await asyncio.to_thread(open, tmp, "wb")
             with handle:
-                await self.read_blob(ref, handle.write, progress=progress)
+
+                async def write(piece: bytes) -> None:
+                    await asyncio.to_thread(handle.write, piece)
+
+                await self.read_blob(ref, write, progress=progress)
                 handle.flush()
                 await asyncio.to_thread(os.fsync, handle.fileno())
             os.replace(tmp, path)
