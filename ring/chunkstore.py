@@ -61,6 +61,7 @@ class ChunkStore:
         capacity_bytes: int | None = None,
         io_concurrency: int = IO_CONCURRENCY_DEFAULT,
         write_file: Callable[[Path, Path, bytes], None] | None = None,
+        direct_io: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._clock = clock
@@ -73,6 +74,7 @@ class ChunkStore:
         # None: chosen at open, direct where the file system allows it.
         self._write_file = write_file
         self._read_file: Callable[[Path], bytes] = Path.read_bytes
+        self._direct_io_wanted = direct_io
         self._direct_io = False
         self._index: dict[str, int] = {}
         # chunk id -> clock() (monotonic) at its last store (new or repeated), since
@@ -88,16 +90,7 @@ class ChunkStore:
             directory.mkdir(parents=True, exist_ok=True)
         for leftover in self._tmp_dir.iterdir():
             leftover.unlink(missing_ok=True)
-        if DirectIO.usable(self._tmp_dir):
-            direct = DirectIO(self._io_concurrency)
-            self._direct_io = True
-            self._read_file = direct.read
-            if self._write_file is None:
-                self._write_file = direct.write_atomic
-        else:
-            log.info("%s does not take O_DIRECT: chunks go through the page cache", self._tmp_dir)
-        if self._write_file is None:
-            self._write_file = write_file_atomic
+        self._choose_io()
         for shard in self._chunks_dir.iterdir():
             for entry in shard.iterdir():
                 if codec.is_chunk_id(entry.name):
@@ -111,6 +104,19 @@ class ChunkStore:
             for entry in self._quarantine_dir.iterdir()
             if (parts := entry.name.split(".")) and len(parts) == 2 and codec.is_chunk_id(parts[0])
         )
+
+    def _choose_io(self) -> None:
+        """Direct I/O where wanted and the file system takes it, else the page cache."""
+        if self._direct_io_wanted and DirectIO.usable(self._tmp_dir):
+            direct = DirectIO(self._io_concurrency)
+            self._direct_io = True
+            self._read_file = direct.read
+            if self._write_file is None:
+                self._write_file = direct.write_atomic
+        elif self._direct_io_wanted:
+            log.info("%s does not take O_DIRECT: chunks go through the page cache", self._tmp_dir)
+        if self._write_file is None:
+            self._write_file = write_file_atomic
 
     def _path(self, chunk_id: str) -> Path:
         return self._chunks_dir / chunk_id[:2] / chunk_id

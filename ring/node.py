@@ -137,6 +137,7 @@ class Node:
             config.data_dir,
             capacity_bytes=config.capacity_bytes,
             io_concurrency=config.io_concurrency,
+            direct_io=config.direct_io,
             clock=clocks.monotonic,
         )
         self.records = RecordStore(

@@ -31,6 +31,8 @@ class PeerConfig:
     zone_aware: bool = False
     capacity_bytes: int | None = None
     io_concurrency: int = IO_CONCURRENCY_DEFAULT
+    # Chunk files bypass the page cache (O_DIRECT) where the file system takes it.
+    direct_io: bool = True
     # The address other peers and clients use, when it differs from host:port (containers).
     advertise: str | None = None
     failure_timeout_s: float = 5.0

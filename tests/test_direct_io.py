@@ -157,3 +157,15 @@ async def test_a_file_system_without_o_direct_gets_buffered_io(
     chunk_id, stored = codec.encode(os.urandom(70_000))
     assert await store.put(chunk_id, stored)
     assert await store.get(chunk_id) == stored
+
+
+async def test_direct_io_can_be_turned_off(tmp_path: Path) -> None:
+    """``--no-direct-io``: the store goes through the page cache even where the file
+    system takes O_DIRECT."""
+    _folders(tmp_path)
+    store = ChunkStore(tmp_path / "peer", direct_io=False)
+    store.open()
+    assert not store.stats().direct_io
+    chunk_id, stored = codec.encode(os.urandom(70_000))
+    assert await store.put(chunk_id, stored)
+    assert await store.get(chunk_id) == stored

@@ -84,6 +84,11 @@ def _seeds(text: str) -> tuple[str, ...]:
     help="Seconds a deleted record's tombstone is kept.",
 )  # fmt: skip
 @click.option("--overlay/--no-overlay", default=True, help="Run the Kademlia discovery overlay.")
+@click.option(
+    "--direct-io/--no-direct-io", default=True, envvar="SR3_DIRECT_IO", show_default=True,
+    help="Write and read chunk files with O_DIRECT where the file system takes it "
+    "(--no-direct-io: through the page cache).",
+)  # fmt: skip
 @click.option("--seed", "rng_seed", type=int, help="Seed for gossip partner choice (replays).")
 @click.option(
     "--egress-rate", default="0", show_default=True,
@@ -113,7 +118,7 @@ def peer(
     vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
     removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
     scrub_rate: str, scrub_interval: float, gc_interval: float, gc_grace: float,
-    tombstone_ttl: float, overlay: bool, rng_seed: int | None, egress_rate: str,
+    tombstone_ttl: float, overlay: bool, direct_io: bool, rng_seed: int | None, egress_rate: str,
     added_latency_ms: float, admin_kill: bool, secret_file: Path | None, log_level: str,
 ) -> None:  # fmt: skip
     """Run one storage peer in the foreground until SIGTERM or Ctrl-C (`sr3 peer leave`
@@ -153,7 +158,7 @@ def peer(
         repair_interval_s=repair_interval, repair_rate_bytes_s=parse_rate(repair_rate),
         scrub_rate_bytes_s=parse_rate(scrub_rate), scrub_interval_s=scrub_interval,
         gc_interval_s=gc_interval, gc_grace_s=gc_grace,
-        tombstone_ttl_s=tombstone_ttl, overlay=overlay, rng_seed=rng_seed,
+        tombstone_ttl_s=tombstone_ttl, overlay=overlay, direct_io=direct_io, rng_seed=rng_seed,
         egress_rate_bytes_s=parse_rate(egress_rate), added_latency_ms=added_latency_ms,
         admin_kill=admin_kill,
     )  # fmt: skip
