@@ -44,6 +44,7 @@ __all__ = [
     "StoredHeader",
     "check_before_write",
     "chunk_id",
+    "compression_level",
     "decode",
     "encode",
     "encode_checked",
@@ -64,9 +65,18 @@ HEADER_BYTES = HEADER.size  # 48
 CHUNK_BYTES_MAX = 8 * 1024 * 1024
 STORED_BYTES_MAX = HEADER_BYTES + CHUNK_BYTES_MAX + CHUNK_BYTES_MAX // 128 + 1024
 CHUNK_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
-# zstd level 1 is the fastest level that still compresses state-like data well; it keeps
-# the write path close to wire speed on small machines.
+# zstd level 1 is the fastest level that compresses both kinds of state well: raw
+# values and already compressed files (Spark's LZ4 delta files, RocksDB's SSTs), where
+# what zstd still gains comes from its entropy coding.
 ZSTD_LEVEL = 1
+# A fast level skips that entropy coding of literals: on data whose gain comes from
+# repeats (raw state) it compresses as well for a fifth less CPU and decodes faster, on
+# already compressed files it gains nothing. A chunk whose sample compresses at the fast
+# level to at most FAST_LEVEL_SLACK more than at ZSTD_LEVEL is compressed at the fast
+# level (benchmarks/bench_cpu_budget.py measures both on state-like data and on real
+# Spark checkpoints). zstd frames are decoded alike whatever their level.
+ZSTD_LEVEL_FAST = -1
+FAST_LEVEL_SLACK = 0.03
 # Compression must save at least this fraction to be kept; otherwise the payload is raw
 # and reads skip decompression.
 COMPRESSION_GAIN_MIN = 0.03
@@ -82,11 +92,13 @@ SAMPLE_GAIN_MIN = 0.10
 _local = threading.local()
 
 
-def _compressor() -> zstandard.ZstdCompressor:
-    compressor: zstandard.ZstdCompressor | None = getattr(_local, "compressor", None)
+def _compressor(level: int = ZSTD_LEVEL) -> zstandard.ZstdCompressor:
+    compressors: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "compressors", None)
+    if compressors is None:
+        compressors = _local.compressors = {}
+    compressor = compressors.get(level)
     if compressor is None:
-        compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        _local.compressor = compressor
+        compressor = compressors[level] = zstandard.ZstdCompressor(level=level)
     return compressor
 
 
@@ -121,29 +133,42 @@ def is_chunk_id(text: str) -> bool:
     return CHUNK_ID_PATTERN.match(text) is not None
 
 
-def worth_compressing(raw: bytes | memoryview) -> bool:
-    """Whether a sample of ``raw`` compresses by at least ``SAMPLE_GAIN_MIN`` (small
-    chunks are simply tried whole)."""
+def compression_level(raw: bytes | memoryview) -> int | None:
+    """The zstd level to compress ``raw`` at, judged on a sample of it: None (store it
+    raw) unless the sample compresses by at least ``SAMPLE_GAIN_MIN``; then
+    ``ZSTD_LEVEL_FAST`` if it does about as well there, else ``ZSTD_LEVEL``. Small chunks
+    are simply compressed whole at ``ZSTD_LEVEL``."""
     if len(raw) <= 2 * SAMPLE_SLICES * SAMPLE_SLICE_BYTES:
-        return True
+        return ZSTD_LEVEL
     view = memoryview(raw)
     step = (len(raw) - SAMPLE_SLICE_BYTES) // (SAMPLE_SLICES - 1)
     sample = b"".join(view[i * step : i * step + SAMPLE_SLICE_BYTES] for i in range(SAMPLE_SLICES))
-    return len(_compressor().compress(sample)) <= len(sample) * (1.0 - SAMPLE_GAIN_MIN)
+    packed = len(_compressor(ZSTD_LEVEL).compress(sample))
+    if packed > len(sample) * (1.0 - SAMPLE_GAIN_MIN):
+        return None
+    fast = len(_compressor(ZSTD_LEVEL_FAST).compress(sample))
+    return ZSTD_LEVEL_FAST if fast <= packed * (1.0 + FAST_LEVEL_SLACK) else ZSTD_LEVEL
+
+
+def worth_compressing(raw: bytes | memoryview) -> bool:
+    """Whether a sample of ``raw`` compresses by at least ``SAMPLE_GAIN_MIN``."""
+    return compression_level(raw) is not None
 
 
 def encode(
     raw: bytes | memoryview, *, compress: bool = True, sample: bool = True
 ) -> tuple[str, bytes]:
     """Return ``(chunk_id, stored_form)`` for raw chunk bytes: compressed when
-    ``compress`` and it pays (a sample first, unless ``sample`` is off; then the whole)."""
+    ``compress`` and it pays, at the level a sample chooses (``compression_level``;
+    without ``sample``, the whole chunk is tried at ``ZSTD_LEVEL``)."""
     if len(raw) > CHUNK_BYTES_MAX:
         raise ChunkTooLarge(f"chunk of {len(raw)} bytes is above the limit of {CHUNK_BYTES_MAX}")
     digest = xxhash.xxh3_128_digest(raw)
     codec = CODEC_RAW
     payload: bytes | memoryview = raw
-    if compress and len(raw) > 0 and (not sample or worth_compressing(raw)):
-        packed = _compressor().compress(raw)
+    level = (compression_level(raw) if sample else ZSTD_LEVEL) if compress and len(raw) else None
+    if level is not None:
+        packed = _compressor(level).compress(raw)
         if len(packed) <= len(raw) * (1.0 - COMPRESSION_GAIN_MIN):
             codec, payload = CODEC_ZSTD, packed
     header = HEADER.pack(

@@ -78,8 +78,8 @@ def test_a_chunk_whose_sample_does_not_compress_is_stored_raw_without_compressin
     real = codec._compressor
 
     class Counting:
-        def __init__(self) -> None:
-            self.inner = real()
+        def __init__(self, level: int = codec.ZSTD_LEVEL) -> None:
+            self.inner = real(level)
 
         def compress(self, data: bytes) -> bytes:
             compressed_sizes.append(len(data))
@@ -98,6 +98,26 @@ def test_a_chunk_whose_sample_does_not_compress_is_stored_raw_without_compressin
     small = rng.randbytes(1000)
     assert codec.worth_compressing(small)
     assert codec.decode(codec.encode(small)[1]) == small
+
+
+def test_the_sample_picks_the_fast_level_only_where_it_compresses_as_well() -> None:
+    """State-like bytes (their gain is repeats) compress at the fast level; bytes whose
+    gain is only entropy coding (as Spark's LZ4 files and RocksDB's SSTs) at
+    ``ZSTD_LEVEL``, where the fast level would store them uncompressed; both decode."""
+    state = state_bytes(4 * 1024 * 1024, seed=7)
+    assert codec.compression_level(state) == codec.ZSTD_LEVEL_FAST
+    state_id, stored = codec.encode(state)
+    fast = codec._compressor(codec.ZSTD_LEVEL_FAST).compress(state)
+    assert stored[codec.HEADER_BYTES :] == fast
+    assert codec.decode(stored, state_id) == state
+    rng = random.Random(9)
+    letters = bytes(rng.choice(b"abcdefghijklmnop") for _ in range(4 * 1024 * 1024))
+    assert len(codec._compressor(codec.ZSTD_LEVEL_FAST).compress(letters)) > len(letters) * 0.9
+    assert codec.compression_level(letters) == codec.ZSTD_LEVEL
+    letters_id, stored = codec.encode(letters)
+    assert codec.parse_header(stored).codec == codec.CODEC_ZSTD
+    assert len(stored) < len(letters) * 0.6
+    assert codec.decode(stored, letters_id) == letters
 
 
 def test_decode_view_hands_out_a_raw_chunk_without_copying_it() -> None:
