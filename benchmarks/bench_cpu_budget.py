@@ -203,7 +203,10 @@ def budget(stages: dict[str, float]) -> dict[str, dict[str, float]]:
         ),
     }
     after = {
-        "client": stages["encode, sampled decision"] + stages["body digest BLAKE3"],
+        # The writer decodes what it compressed before any replica sees it.
+        "client": stages["encode, sampled decision"]
+        + stages["body digest BLAKE3"]
+        + stages["full decode, sampled encoding"],
         "peers": REPLICATION
         * (
             stages["body digest BLAKE3"]
