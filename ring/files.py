@@ -33,7 +33,7 @@ import os
 import queue
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import xxhash
@@ -91,13 +91,24 @@ def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:
     """Write ``data`` to ``final`` so that a crash leaves the whole file or none of it.
 
     ``StorageFull`` when there is no room; the temp file is removed whatever fails."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    _replace_atomically(tmp_dir, final, write)
+
+
+def _replace_atomically(tmp_dir: Path, final: Path, write: Callable[[Path], None]) -> None:
+    """``write`` (and fsync) a temp file in ``tmp_dir``, then rename it to ``final`` and
+    fsync its folder; ``StorageFull`` when there is no room, the temp file removed
+    whatever fails."""
     tmp = tmp_dir / f"{final.name}.{secrets.token_hex(6)}"
     try:
         with storage_full(f"writing {final.name}"):
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            write(tmp)
             final.parent.mkdir(exist_ok=True)
             os.replace(tmp, final)
             fsync_dir(final.parent)
@@ -146,22 +157,17 @@ class DirectIO:
         return True
 
     def write_atomic(self, tmp_dir: Path, final: Path, data: bytes) -> None:
-        tmp = tmp_dir / f"{final.name}.{secrets.token_hex(6)}"
+        def write(tmp: Path) -> None:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+            try:
+                _write_direct(fd, buffer, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
         buffer, pooled = self._take(len(data))
         try:
-            with storage_full(f"writing {final.name}"):
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
-                try:
-                    _write_direct(fd, buffer, data)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                final.parent.mkdir(exist_ok=True)
-                os.replace(tmp, final)
-                fsync_dir(final.parent)
-        except BaseException:
-            discard(tmp)
-            raise
+            _replace_atomically(tmp_dir, final, write)
         finally:
             self._give(buffer, pooled)
 

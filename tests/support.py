@@ -14,6 +14,7 @@ replayed nonce, a body that is not a chunk.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import itertools
@@ -22,8 +23,9 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,3 +300,24 @@ def commit_next_batch(root: Path, rng: random.Random) -> list[Path]:
     """Write what Spark writes for batch 20: offsets, state version 21, then the commit."""
     paths = ["offsets/20", "state/0/0/21.delta", "state/0/1/21.delta", "commits/20"]
     return [write_file(root, path, rng.randrange(90, 1200), rng) for path in paths]
+
+
+@contextlib.contextmanager
+def small_disk(mount_point: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted at ``mount_point`` for a test (a disk that fills
+    for real); skips without root or when mounting fails."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount_point.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

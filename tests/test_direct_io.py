@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support import small_disk
 
 from ring import codec
 from ring.chunkstore import ChunkStore
@@ -109,19 +110,7 @@ def test_more_transfers_than_buffers(tmp_path: Path) -> None:
 def test_a_full_disk_is_storage_full_and_leaves_no_temp_file(tmp_path: Path) -> None:
     """Breaks: a 1 MiB tmpfs fills while direct writes go on. Must hold: StorageFull, the
     temp file removed, every file written before intact."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
+    with small_disk(tmp_path / "disk", 1024 * 1024) as disk:
         tmp, out = _folders(disk)
         direct = DirectIO(buffers=1)
         written: dict[Path, bytes] = {}
@@ -134,8 +123,6 @@ def test_a_full_disk_is_storage_full_and_leaves_no_temp_file(tmp_path: Path) -> 
         assert list(tmp.iterdir()) == []
         for path, data in written.items():
             assert direct.read(path) == data
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 async def test_a_file_system_without_o_direct_gets_buffered_io(

@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support import Answer, HttpProbe, acceptors_of, next_base_port
+from support import Answer, HttpProbe, acceptors_of, next_base_port, small_disk
 
 from ring import api, codec, paxos
 from ring.client import Client
@@ -49,26 +49,6 @@ WAIT_S = 20.0
 KEY = "full-disk/kept"
 # Records written before the disk fills: after peer-3 joins, some are still peer-1's.
 KEPT_KEYS = [f"full-disk/kept-{index}" for index in range(8)]
-
-
-@contextlib.contextmanager
-def small_disk(mount_point: Path) -> Iterator[Path]:
-    """A tmpfs of ``DISK_BYTES`` mounted at ``mount_point`` for the test; skip without root."""
-    if os.geteuid() != 0:
-        pytest.skip("the full-disk test mounts a small tmpfs and needs root")
-    mount_point.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the full-disk test: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(path: Path) -> None:
@@ -125,7 +105,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     logs.mkdir()
     peers = (replace(first, log_file=str(logs / "peer-1.log")), *cluster.cluster.peers[1:])
     cluster.cluster = replace(cluster.cluster, peers=peers)
-    with small_disk(Path(first.data_dir)):
+    with small_disk(Path(first.data_dir), DISK_BYTES):
         try:
             cluster.up()
             yield cluster
@@ -260,7 +240,7 @@ async def _refuses_writes_serves_reads(probe: HttpProbe, address: str, kept_id: 
 
 def test_fill_leaves_no_room(tmp_path: Path) -> None:
     """The filler really fills the disk (else the test above proves nothing)."""
-    with small_disk(tmp_path / "disk") as disk:
+    with small_disk(tmp_path / "disk", DISK_BYTES) as disk:
         fill(disk / "filler")
         with pytest.raises(OSError) as caught, open(disk / "more", "wb", buffering=0) as more:
             more.write(b"x" * 4096)
@@ -374,7 +354,7 @@ def test_a_read_only_disk_is_storage_full_and_cleanup_raises_nothing_else(tmp_pa
     """Breaks: the data folder is remounted read-only (ext4 errors=remount-ro). Must
     hold: every write says StorageFull (a peer answers 507 and its loops go on), not the
     EROFS that even the cleanup's unlink of a missing temp file raises there."""
-    with small_disk(tmp_path / "disk") as disk:
+    with small_disk(tmp_path / "disk", DISK_BYTES) as disk:
         (disk / "tmp").mkdir()
         (disk / "kept").write_bytes(b"kept")
         remounted = subprocess.run(
