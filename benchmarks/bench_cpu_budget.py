@@ -91,7 +91,11 @@ def per_gib(raw_bytes: int, step: Callable[[], None], rounds: int = 1) -> float:
 
 
 def each(step: Callable[[bytes], object], data: list[bytes]) -> Callable[[], None]:
-    return lambda: [step(item) for item in data] and None
+    def run() -> None:
+        for item in data:
+            step(item)
+
+    return run
 
 
 def measure(chunks: list[bytes], work: Path) -> dict[str, Any]:
