@@ -4,10 +4,10 @@ Chunks live under ``<data>/chunks/<first two hex digits>/<chunk id>`` in their s
 (see ``ring.codec``). A write goes to ``<data>/tmp``, is fsynced, renamed into place and
 the directory fsynced, so a crash leaves either the whole chunk or nothing. Where the
 file system takes it, the write bypasses the page cache (``O_DIRECT``,
-``ring.files.DirectIO``), and so do reads: a chunk is written once and read rarely, and a
-peer should not fill the page cache with it. A chunk's stored form is checked before it is written
-(``codec.check_before_write``), its header and payload checksum on every read, and its
-content by every reader and the scrubber; a file that fails is moved to
+``ring.files.DirectIO``), and so do reads: a chunk is written once and read rarely, and
+a peer should not fill the page cache with it. A chunk's stored form is checked before
+it is written (``codec.check_before_write``), its header and payload checksum on every
+read, and its content by every reader and the scrubber; a file that fails is moved to
 ``<data>/quarantine`` and reported, never served.
 
 Blocking file I/O runs in worker threads, at most ``io_concurrency`` at a time.

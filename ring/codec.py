@@ -166,7 +166,9 @@ def encode(
     digest = xxhash.xxh3_128_digest(raw)
     codec = CODEC_RAW
     payload: bytes | memoryview = raw
-    level = (compression_level(raw) if sample else ZSTD_LEVEL) if compress and len(raw) else None
+    level = None
+    if compress and len(raw) > 0:
+        level = compression_level(raw) if sample else ZSTD_LEVEL
     if level is not None:
         packed = _compressor(level).compress(raw)
         if len(packed) <= len(raw) * (1.0 - COMPRESSION_GAIN_MIN):
