@@ -37,7 +37,12 @@ ring runs elsewhere.
    first batch after the restart; **local** = run the first batch on an intact copy of
    the checkpoint (copied before the clock starts). Both process the same small input
    file with ``availableNow``; the time is from ``restore()`` (ring) or ``start()``
-   (local) until the query terminated after that batch. Target: ring / local <= 1.5x.
+   (local) until the query terminated after that batch. Target: ring / local <= 1.2x.
+4. **restart as a new application** (``--app-restarts`` per path, 0: none), as a restart
+   after a lost machine is: a new process and JVM each (``connector_app.py``), timed
+   from its process start until the first batch is done. **ring**: the restore runs in
+   the background while the SparkSession starts (``restore_in_background``); **ring-first**:
+   the restore, then the session; **local**: an intact copy, as in part 3.
 
 Writes ``benchmarks/results/connector.json`` (``connector-quick.json`` with ``--quick``)
 and prints a table. Every figure is from one machine where Spark, the peers and this
@@ -50,7 +55,7 @@ This script holds the command line, the run and the report; the measuring lives 
 it: ``connector_settings`` (sizes, targets), ``connector_stats`` (pure figures),
 ``connector_probes`` (CPU time, checkpoint listings, the recording ``StateSync``),
 ``connector_spark`` (session, queries, input files), ``connector_overhead`` (parts 1 and
-2) and ``connector_restart`` (part 3).
+2), ``connector_restart`` (parts 3 and 4) and ``connector_app`` (one application of part 4).
 """
 
 from __future__ import annotations
@@ -164,6 +169,23 @@ def print_restart(restart: dict[str, Any]) -> None:
         f"{restart['local_copy_s_median']:.2f} s, untimed)\n"
         f"  ratio  {_ratio(restart['ratio'], TARGET_RESTART_RATIO)}"
     )
+    app = restart.get("app")
+    if app:
+        sessions, batches = app["session_s_median"], app["first_batch_s_median"]
+        print(
+            f"restart as a new application (process start to first batch done), "
+            f"{len(app['trials']) // 3} trial(s) per path, medians"
+        )
+        for mode, key in (("ring", "ring"), ("ring-first", "ring_first"), ("local", "local")):
+            restore = app.get(f"{key}_restore_s_median")
+            ratio = "" if key == "local" else _ratio(app[f"{key}_ratio"], TARGET_RESTART_RATIO)
+            print(
+                f"  {mode:10} {app[f'{key}_done_s_median']:7.2f} s  (session up at "
+                f"{sessions[mode]:.2f} s, first batch {batches[mode]:.2f} s"
+                + ("" if restore is None else f", restore {restore:.2f} s")
+                + ")"
+                + (f"  ratio {ratio}" if ratio else "")
+            )
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:

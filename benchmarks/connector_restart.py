@@ -1,12 +1,18 @@
-"""Part 3 of the connector benchmark: build a query's RocksDB state to ``--state-mib``
-with every batch pushed to the ring, then time the first batch after a restart from the
-ring (``restore()`` into an empty directory) against one from an intact local copy of
-the same checkpoint, in alternating order."""
+"""Parts 3 and 4 of the connector benchmark: build a query's RocksDB state to
+``--state-mib`` with every batch pushed to the ring, then time the first batch after a
+restart from the ring (``restore()`` into an empty directory) against one from an intact
+local copy of the same checkpoint, in alternating order: within the benchmark's running
+SparkSession (part 3), then as new applications (part 4, ``connector_app.py``: a process
+and JVM each, as a restart after a lost machine is)."""
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,11 +31,15 @@ from connector_probes import (
 )
 from connector_settings import BUILD_BATCHES_MAX, MIB, PROVIDER_CONF, PROVIDERS
 from connector_spark import batches_from, check_query, start_keys_query, write_ids
-from connector_stats import Listing, cpu_delta, restart_summary, upload_summary
+from connector_stats import Listing, app_restart_summary, cpu_delta, restart_summary, upload_summary
 
 from spark_connector.sync import StateSync
 
 RESTART_QUERY = "restart-state"
+APP_SCRIPT = Path(__file__).parent / "connector_app.py"
+APP_S_MAX = 600  # one application restart, from its process start to its exit
+# Part 4's paths, rotated so that each comes first, second and third alike.
+APP_MODES = ("ring", "local", "ring-first")
 
 
 def build_state(bench: Bench, input_dir: Path, checkpoint: Path) -> dict[str, Any]:
@@ -176,4 +186,72 @@ def measure_restart(bench: Bench) -> dict[str, Any]:
                 f"first batch {figures['first_batch_s']:.2f} s)"
                 + (f" {figures['topology']}" if figures["topology"] else "")
             )
-    return restart_summary(build, trials)
+    summary = restart_summary(build, trials)
+    if settings.app_restarts:
+        summary["app"] = measure_app_restarts(bench, input_dir, checkpoint, build["batch_id"])
+    return summary
+
+
+def measure_app_restarts(
+    bench: Bench, input_dir: Path, checkpoint: Path, batch_id: int
+) -> dict[str, Any]:
+    """Part 4: ``--app-restarts`` restarts per path, each a new application."""
+    root = bench.work / "restart-app"
+    trials = []
+    for trial in range(bench.settings.app_restarts):
+        shift = trial % len(APP_MODES)
+        for mode in APP_MODES[shift:] + APP_MODES[:shift]:
+            target = root / f"{mode}-{trial}"
+            figures = app_trial(bench, mode, input_dir, checkpoint, target, batch_id)
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.rmtree(root / "local", ignore_errors=True)
+            trials.append({"trial": trial, **figures})
+            restored = figures.get("restored_s")
+            bench.log(
+                f"  application restart {trial + 1}/{bench.settings.app_restarts} {mode:>10}: "
+                f"{figures['done_s']:.2f} s (session at {figures['session_s']:.2f} s"
+                + ("" if restored is None else f", restored at {restored:.2f} s")
+                + f", first batch {figures['first_batch_s']:.2f} s)"
+            )
+    return app_restart_summary(trials)
+
+
+def app_trial(
+    bench: Bench, mode: str, input_dir: Path, checkpoint: Path, target: Path, batch_id: int
+) -> dict[str, Any]:
+    """Run ``connector_app.py`` in ``mode`` on ``target``; its figures and CPU seconds."""
+    settings, cluster = bench.settings, bench.cluster
+    if mode == "local":  # untimed, as in part 3
+        shutil.copytree(checkpoint, target, symlinks=True)
+        subprocess.run(["sync"], check=True)
+    settle(settings.settle_s)
+    command = [
+        sys.executable, str(APP_SCRIPT), "--mode", mode, "--ring", cluster.ring,
+        "--query", RESTART_QUERY, "--checkpoint", str(target), "--input", str(input_dir),
+        "--local-dir", str(target.parent / "local"), "--batch-id", str(batch_id),
+        "--topology", settings.restore_topology, "--spark-cores", str(settings.spark_cores),
+        "--driver-memory", settings.driver_memory, "--partitions", str(settings.partitions),
+    ]  # fmt: skip
+    env = {**os.environ, "SR3_SECRET": cluster.secret}
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peers_before = bench.processes.sample()["peers"]
+    command += ["--t0", repr(time.time())]
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=APP_S_MAX, check=False
+    )
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peers_after = bench.processes.sample()["peers"]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{mode} application restart failed: {done.stderr[-3000:]}")
+    figures: dict[str, Any] = json.loads(lines[-1])
+    app_cpu = (children.ru_utime - children_before.ru_utime) + (
+        children.ru_stime - children_before.ru_stime
+    )
+    figures["cpu_s"] = {
+        "application": round(app_cpu, 2),
+        "peers": None
+        if peers_before is None or peers_after is None
+        else round(peers_after - peers_before, 2),
+    }
+    return figures

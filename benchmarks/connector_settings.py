@@ -45,6 +45,8 @@ class Settings:
     build_rows: int = 300_000
     restart_rows: int = 10_000
     restarts: int = 5
+    # Part 4: restarts as new applications (a process and JVM each), per path; 0: none.
+    app_restarts: int = 5
     settle_s: float = 2.0
     # Where the peers keep their data (default: beside the checkpoints, on one disk).
     peer_root: str = ""
@@ -60,5 +62,5 @@ class Settings:
 QUICK = Settings(
     providers=("hdfs", "rocksdb"), rows_per_batch=2_000, keys=5_000, warmup_batches=1,
     blocks=2, block_batches=3, upload_batches=3, state_mib=16, build_rows=50_000,
-    restart_rows=1_000, restarts=1, settle_s=0.5,
+    restart_rows=1_000, restarts=1, app_restarts=1, settle_s=0.5,
 )  # fmt: skip

@@ -139,3 +139,29 @@ def restart_summary(build: dict[str, Any], trials: Sequence[dict[str, Any]]) -> 
         "build": build,
         "trials": list(trials),
     }
+
+
+def app_restart_summary(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Part 4: medians per path of the seconds from each application's process start to
+    its first batch done, and the ratios against the restart on an intact local copy."""
+
+    def of(mode: str, name: str) -> float | None:
+        return median([trial[name] for trial in trials if trial["mode"] == mode and name in trial])
+
+    local_s = of("local", "done_s")
+    summary: dict[str, Any] = {"local_done_s_median": local_s}
+    for mode in ("ring", "ring-first"):
+        done_s = of(mode, "done_s")
+        key = mode.replace("-", "_")
+        summary[f"{key}_done_s_median"] = done_s
+        summary[f"{key}_ratio"] = done_s / local_s if done_s is not None and local_s else None
+        summary[f"{key}_restore_s_median"] = of(mode, "restore_s")
+    summary["session_s_median"] = {m: of(m, "session_s") for m in ("local", "ring", "ring-first")}
+    summary["first_batch_s_median"] = {
+        m: of(m, "first_batch_s") for m in ("local", "ring", "ring-first")
+    }
+    ratio = summary["ring_ratio"]
+    summary["target_ratio"] = TARGET_RESTART_RATIO
+    summary["target_met"] = ratio is not None and ratio <= TARGET_RESTART_RATIO
+    summary["trials"] = list(trials)
+    return summary

@@ -14,7 +14,10 @@ The facade a Spark driver uses; it holds the ring client and composes the parts:
 - ``restore()``, the call to make before every start, brings the checkpoint directory to
   the newest (or a given) batch: it fetches the manifest along a recovery topology into
   an empty directory or over an earlier state of the same query, keeps a directory that
-  holds that batch or a newer one, and refuses another run's (``spark_connector.restore``);
+  holds that batch or a newer one, and refuses another run's (``spark_connector.restore``).
+  A restore needs no Spark: ``restore_in_background()`` runs it on a thread of its own
+  while the application starts its SparkSession, and gives a future to wait on before
+  the query starts;
 - ``forget``, ``batches`` and ``latest_batch`` read and trim what the ring holds of the
   query (``spark_connector.catalog``).
 """
@@ -22,6 +25,8 @@ The facade a Spark driver uses; it holds the ring client and composes the parts:
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -102,6 +107,10 @@ class StateSync:
         self._spark_streams: Any = None
         # What the last restore() did (restored or kept), and the recovery's figures.
         self.last_restore: RestoreReport | None = None
+        # restore_in_background(): one thread, made on first use; its restore in flight.
+        self._restorer: ThreadPoolExecutor | None = None
+        self._restoring: Future[int | None] | None = None
+        self._restore_lock = threading.Lock()
 
     @property
     def keep_batches(self) -> int:
@@ -123,7 +132,12 @@ class StateSync:
     def close(self) -> None:
         """Stop pushing (the batch being pushed is finished first) and close the client
         (once; later calls do nothing). A script that never calls it has its client
-        closed at exit all the same (``SyncClient``), the push in flight abandoned."""
+        closed at exit all the same (``SyncClient``), the push in flight abandoned. A
+        background restore in flight is waited for first (its error stays in its future)."""
+        with self._restore_lock:
+            restorer, self._restorer = self._restorer, None
+        if restorer is not None:
+            restorer.shutdown(wait=True)
         self._worker.close()
         if self._listener is not None and self._spark_streams is not None:
             self._spark_streams.removeListener(self._listener)
@@ -148,6 +162,7 @@ class StateSync:
         is the query's SparkSession (default: the active one)."""
         from spark_connector.listener import make_listener
 
+        self._check_not_restoring("register a query")
         if spark is None:
             from pyspark.sql import SparkSession
 
@@ -161,6 +176,7 @@ class StateSync:
 
     def start(self) -> None:
         """Start the push worker: from now on every ``committed(batch)`` is pushed."""
+        self._check_not_restoring("start pushing")
         self._worker.start()
 
     def committed(self, batch_id: int) -> None:
@@ -222,6 +238,40 @@ class StateSync:
         what ``overwrite=True`` would discard). The batch the directory holds afterwards,
         or None when the ring has no batch of this query (the directory is left as it
         is). ``last_restore`` says what was done."""
+        self._check_not_restoring("restore again")
+        return self._restore(topology, batch_id, overwrite)
+
+    def restore_in_background(
+        self,
+        topology: Topology | str = "auto",
+        *,
+        batch_id: int | None = None,
+        overwrite: bool = False,
+    ) -> Future[int | None]:
+        """``restore()`` on a thread of its own, so that it overlaps what the application
+        does meanwhile (starting its SparkSession: a restore needs no Spark). The future's
+        ``result()`` is what ``restore()`` returns, or raises what it raises; wait for it
+        before the query starts: until it is done, ``register``, ``start`` and another
+        restore are refused (``ConfigError``), and ``close`` waits for it."""
+        with self._restore_lock:
+            self._check_not_restoring("restore again")
+            if self._restorer is None:
+                self._restorer = ThreadPoolExecutor(1, thread_name_prefix="sr3-restore")
+            future = self._restorer.submit(self._restore, topology, batch_id, overwrite)
+            self._restoring = future
+        return future
+
+    def _check_not_restoring(self, what: str) -> None:
+        restoring = self._restoring
+        if restoring is not None and not restoring.done():
+            raise ConfigError(
+                f"cannot {what} while the background restore of query {self.query!r} runs: "
+                "wait for its result() first (the query must start on the restored directory)"
+            )
+
+    def _restore(
+        self, topology: Topology | str, batch_id: int | None, overwrite: bool
+    ) -> int | None:
         if batch_id is None:
             manifest = newest_manifest(self._client, self.query)
         else:

@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -288,6 +289,67 @@ def test_restore_keeps_a_current_or_newer_checkpoint_and_restores_an_earlier_one
     assert all(f"restored batch 20 of query {query} pushed at " in line for line in logged)
     assert all(origin in line and " UTC " in line for line in logged), logged
     assert all("query id 11111111-aaaa-4000-8000-000000000001" in line for line in logged)
+
+
+def test_a_background_restore_overlaps_the_caller_and_guards_the_start(
+    ring: LocalCluster, tmp_path: Path, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What it breaks: a restore runs on its own thread while the caller goes on (as an
+    application starting its SparkSession would), and the caller tries to register,
+    start pushing or restore again before it is done; then a background restore that
+    must refuse (a directory that is no checkpoint). What must hold: the future gives what
+    restore() gives, the directory holds exactly the ring's cut; until the restore is
+    done everything that would start the query on a half-restored directory is refused
+    with ConfigError; a refusal surfaces from result(), not in a log."""
+    query = f"background-{rng.randrange(10**9)}"
+    source = (tmp_path / "ckpt").resolve()
+    materialize(source, rng)
+    _spark_metadata(source, "22222222-aaaa-4000-8000-000000000002")
+    with StateSync(ring.ring, query, source, ring.secret) as sync:
+        assert sync.push().batch_id == 19
+    cut = read_cut(source, 19)
+    target = tmp_path / "restored"
+    restorer = StateSync(ring.ring, query, target, ring.secret)
+    release = threading.Event()
+    entered = threading.Event()
+    real_restore = restorer._restore
+
+    def held_restore(*args: object) -> int | None:  # holds the thread until released
+        entered.set()
+        release.wait(timeout=60)
+        return real_restore(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(restorer, "_restore", held_restore)
+    try:
+        restoring = restorer.restore_in_background(topology="star")
+        assert entered.wait(timeout=60)
+        for attempt in (
+            lambda: restorer.register(object()),
+            restorer.start,
+            restorer.restore,
+            restorer.restore_in_background,
+        ):
+            with pytest.raises(ConfigError, match=r"background restore .* runs"):
+                attempt()
+        release.set()
+        assert restoring.result(timeout=120) == 19
+        assert restorer.last_restore is not None and restorer.last_restore.action == "restored"
+    finally:
+        release.set()
+        restorer.close()
+    assert _files(target) == sorted(entry.path for entry in cut.files)
+    for entry in cut.files:
+        assert (target / entry.path).read_bytes() == (source / entry.path).read_bytes()
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("not a checkpoint")
+    with StateSync(ring.ring, query, junk, ring.secret) as refusing:
+        refused = refusing.restore_in_background()
+        with pytest.raises(ConfigError, match="no metadata file"):
+            refused.result(timeout=120)
+        assert (junk / "notes.txt").read_text() == "not a checkpoint"
+        assert refusing.restore_in_background(overwrite=True).result(timeout=120) == 19
+    assert _files(junk) == sorted(entry.path for entry in cut.files)
 
 
 def test_restore_refuses_another_run_or_a_fork_and_overwrite_says_what_it_discards(
