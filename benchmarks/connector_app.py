@@ -11,7 +11,8 @@ application. ``--mode``:
 - ``ring-first``: the same restore, finished before the SparkSession starts.
 
 Then the keys query runs its one batch (``availableNow``). Prints one JSON line: seconds
-from ``--t0`` (``time.time()`` when the parent started this process) to each step.
+from ``--t0`` (``time.time()`` when the parent started this process) to each step, and
+the CPU seconds this process and its JVM had used when the batch was done.
 The ring's secret comes from ``SR3_SECRET``.
 """
 
@@ -19,14 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bench_store import cpu_seconds
 from connector_settings import PROVIDER_CONF, PROVIDERS, Settings
-from connector_spark import batches_from, check_query, start_keys_query, start_spark
+from connector_spark import batches_from, check_query, jvm_pid, start_keys_query, start_spark
 
 from spark_connector.sync import StateSync
 
@@ -48,7 +51,12 @@ def main() -> int:
     parser.add_argument("--spark-cores", type=int, default=DEFAULTS.spark_cores)
     parser.add_argument("--driver-memory", default=DEFAULTS.driver_memory)
     parser.add_argument("--partitions", type=int, default=DEFAULTS.partitions)
-    args = parser.parse_args()
+    figures = run(parser.parse_args())
+    print(json.dumps(figures), flush=True)
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
     t0 = args.t0
     marks: dict[str, float] = {"imported_s": time.time() - t0}
     sync = None if args.mode == "local" else StateSync(args.ring, args.query, args.checkpoint)
@@ -75,6 +83,8 @@ def main() -> int:
         query = start_keys_query(spark, args.input, args.checkpoint, available_now=True)
         query.awaitTermination()
         marks["done_s"] = time.time() - t0
+        times = os.times()
+        cpu_s = {"python": round(times.user + times.system, 2), "jvm": cpu_seconds(jvm_pid(spark))}
         check_query(query)
         batches = batches_from(query, args.batch_id + 1)
         if [batch.batch_id for batch in batches] != [args.batch_id + 1]:
@@ -87,13 +97,13 @@ def main() -> int:
             "restore_s": round(recovery.seconds, 3) if recovery else None,
             "topology": recovery.topology if recovery else None,
             "state_rows": batches[0].state_rows,
+            "cpu_s": cpu_s,
         }
         spark.stop()
     finally:
         if sync is not None:
             sync.close()
-    print(json.dumps(figures), flush=True)
-    return 0
+    return figures
 
 
 def check_restored(restored: int | None, batch_id: int) -> None:

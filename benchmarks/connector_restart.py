@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -233,25 +232,16 @@ def app_trial(
         "--driver-memory", settings.driver_memory, "--partitions", str(settings.partitions),
     ]  # fmt: skip
     env = {**os.environ, "SR3_SECRET": cluster.secret}
-    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     peers_before = bench.processes.sample()["peers"]
     command += ["--t0", repr(time.time())]
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=APP_S_MAX, check=False
     )
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     peers_after = bench.processes.sample()["peers"]
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{mode} application restart failed: {done.stderr[-3000:]}")
     figures: dict[str, Any] = json.loads(lines[-1])
-    app_cpu = (children.ru_utime - children_before.ru_utime) + (
-        children.ru_stime - children_before.ru_stime
-    )
-    figures["cpu_s"] = {
-        "application": round(app_cpu, 2),
-        "peers": None
-        if peers_before is None or peers_after is None
-        else round(peers_after - peers_before, 2),
-    }
+    peers_s = None if peers_before is None or peers_after is None else peers_after - peers_before
+    figures["cpu_s"]["peers"] = None if peers_s is None else round(peers_s, 2)
     return figures
