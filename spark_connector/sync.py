@@ -35,7 +35,7 @@ from recovery.plan import Topology
 from ring.client import ClientOptions
 from ring.config import resolve
 from ring.errors import ConfigError, SR3Error
-from ring.sync_client import SyncClient
+from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import forget, latest_batch, query_batches, ring_queries
 from spark_connector.manifest import Manifest, check_query_name
 from spark_connector.push import (
@@ -111,6 +111,7 @@ class StateSync:
         self._restorer: ThreadPoolExecutor | None = None
         self._restoring: Future[int | None] | None = None
         self._restore_lock = threading.Lock()
+        self._closed = False
 
     @property
     def keep_batches(self) -> int:
@@ -136,6 +137,7 @@ class StateSync:
         background restore in flight is waited for first (its error stays in its future)."""
         with self._restore_lock:
             restorer, self._restorer = self._restorer, None
+            self._closed = True
         if restorer is not None:
             restorer.shutdown(wait=True)
         self._worker.close()
@@ -254,6 +256,8 @@ class StateSync:
         before the query starts: until it is done, ``register``, ``start`` and another
         restore are refused (``ConfigError``), and ``close`` waits for it."""
         with self._restore_lock:
+            if self._closed:
+                raise SyncClientClosed(f"StateSync of query {self.query!r} is closed")
             self._check_not_restoring("restore again")
             if self._restorer is None:
                 self._restorer = ThreadPoolExecutor(1, thread_name_prefix="sr3-restore")

@@ -29,7 +29,7 @@ from support import MakeCluster, commit_next_batch, materialize
 import spark_connector.restore as restore_module
 from ring.blobs import BlobRef, Extent
 from ring.errors import ConfigError, ProtocolError, SR3Error
-from ring.sync_client import SyncClient
+from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import forget
 from spark_connector.checkpoint import read_cut
 from spark_connector.manifest import Manifest, ManifestFile
@@ -350,6 +350,8 @@ def test_a_background_restore_overlaps_the_caller_and_guards_the_start(
         assert (junk / "notes.txt").read_text() == "not a checkpoint"
         assert refusing.restore_in_background(overwrite=True).result(timeout=120) == 19
     assert _files(junk) == sorted(entry.path for entry in cut.files)
+    with pytest.raises(SyncClientClosed):
+        refusing.restore_in_background()
 
 
 def test_restore_refuses_another_run_or_a_fork_and_overwrite_says_what_it_discards(
