@@ -79,6 +79,7 @@ from connector_overhead import measure_overhead
 from connector_probes import Bench, Processes
 from connector_restart import measure_restart
 from connector_settings import (
+    APP_MODES,
     BASE_PORT,
     MIB,
     PROVIDERS,
@@ -174,9 +175,10 @@ def print_restart(restart: dict[str, Any]) -> None:
         sessions, batches = app["session_s_median"], app["first_batch_s_median"]
         print(
             f"restart as a new application (process start to first batch done), "
-            f"{len(app['trials']) // 3} trial(s) per path, medians"
+            f"{len(app['trials']) // len(APP_MODES)} trial(s) per path, medians"
         )
-        for mode, key in (("ring", "ring"), ("ring-first", "ring_first"), ("local", "local")):
+        for mode in APP_MODES:
+            key = mode.replace("-", "_")
             restore = app.get(f"{key}_restore_s_median")
             ratio = "" if key == "local" else _ratio(app[f"{key}_ratio"], TARGET_RESTART_RATIO)
             print(

@@ -28,18 +28,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_store import cpu_seconds
-from connector_settings import PROVIDER_CONF, PROVIDERS, Settings
-from connector_spark import batches_from, check_query, jvm_pid, start_keys_query, start_spark
+from connector_restart import check_restored, run_first_batch
+from connector_settings import APP_MODES, PROVIDER_CONF, PROVIDERS, Settings
+from connector_spark import jvm_pid, start_spark
 
 from spark_connector.sync import StateSync
 
-MODES = ("local", "ring", "ring-first")
 DEFAULTS = Settings()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--mode", choices=MODES, required=True)
+    parser.add_argument("--mode", choices=APP_MODES, required=True)
     parser.add_argument("--t0", type=float, required=True)
     parser.add_argument("--ring", required=True)
     parser.add_argument("--query", required=True)
@@ -79,24 +79,20 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         if restoring is not None:
             check_restored(restoring.result(), args.batch_id)
             marks["restored_s"] = time.time() - t0
-        started = time.time()
-        query = start_keys_query(spark, args.input, args.checkpoint, available_now=True)
-        query.awaitTermination()
+        first_batch_s, batch = run_first_batch(
+            spark, args.input, args.checkpoint, args.batch_id + 1
+        )
         marks["done_s"] = time.time() - t0
+        marks["first_batch_s"] = first_batch_s
         times = os.times()
         cpu_s = {"python": round(times.user + times.system, 2), "jvm": cpu_seconds(jvm_pid(spark))}
-        check_query(query)
-        batches = batches_from(query, args.batch_id + 1)
-        if [batch.batch_id for batch in batches] != [args.batch_id + 1]:
-            raise RuntimeError(f"expected only batch {args.batch_id + 1}, got {batches}")
-        marks["first_batch_s"] = marks["done_s"] - (started - t0)
         recovery = sync.last_restore.recovery if sync and sync.last_restore else None
         figures = {
             "mode": args.mode,
             **{name: round(value, 3) for name, value in marks.items()},
             "restore_s": round(recovery.seconds, 3) if recovery else None,
             "topology": recovery.topology if recovery else None,
-            "state_rows": batches[0].state_rows,
+            "state_rows": batch.state_rows,
             "cpu_s": cpu_s,
         }
         spark.stop()
@@ -104,11 +100,6 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         if sync is not None:
             sync.close()
     return figures
-
-
-def check_restored(restored: int | None, batch_id: int) -> None:
-    if restored != batch_id:
-        raise RuntimeError(f"the ring restored batch {restored}, not {batch_id}")
 
 
 if __name__ == "__main__":

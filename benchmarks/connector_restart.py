@@ -28,7 +28,7 @@ from connector_probes import (
     step_figures,
     tree_bytes,
 )
-from connector_settings import BUILD_BATCHES_MAX, MIB, PROVIDER_CONF, PROVIDERS
+from connector_settings import APP_MODES, BUILD_BATCHES_MAX, MIB, PROVIDER_CONF, PROVIDERS
 from connector_spark import batches_from, check_query, start_keys_query, write_ids
 from connector_stats import Listing, app_restart_summary, cpu_delta, restart_summary, upload_summary
 
@@ -37,8 +37,6 @@ from spark_connector.sync import StateSync
 RESTART_QUERY = "restart-state"
 APP_SCRIPT = Path(__file__).parent / "connector_app.py"
 APP_S_MAX = 600  # one application restart, from its process start to its exit
-# Part 4's paths, rotated so that each comes first, second and third alike.
-APP_MODES = ("ring", "local", "ring-first")
 
 
 def build_state(bench: Bench, input_dir: Path, checkpoint: Path) -> dict[str, Any]:
@@ -93,11 +91,16 @@ def build_state(bench: Bench, input_dir: Path, checkpoint: Path) -> dict[str, An
     }
 
 
-def run_first_batch(bench: Bench, input_dir: Path, checkpoint: Path, batch_id: int) -> Any:
+def check_restored(restored: int | None, batch_id: int) -> None:
+    if restored != batch_id:
+        raise RuntimeError(f"the ring restored batch {restored}, not {batch_id}")
+
+
+def run_first_batch(spark: Any, input_dir: Path, checkpoint: Path, batch_id: int) -> Any:
     """Start the keys query on ``checkpoint`` with ``availableNow`` and wait until it
     terminated after its one batch; (wall seconds, the batch's figures)."""
     started = time.perf_counter()
-    query = start_keys_query(bench.spark, input_dir, checkpoint, available_now=True)
+    query = start_keys_query(spark, input_dir, checkpoint, available_now=True)
     query.awaitTermination()
     wall_s = time.perf_counter() - started
     check_query(query)
@@ -129,12 +132,11 @@ def restart_trial(
         if path == "ring":
             restored = restorer.restore(topology=bench.settings.restore_topology)
             restore_s = time.perf_counter() - started
-            if restored != batch_id:
-                raise RuntimeError(f"the ring restored batch {restored}, not {batch_id}")
+            check_restored(restored, batch_id)
     finally:
         restorer.close()
     restored_bytes = tree_bytes(target)
-    wall_s, batch = run_first_batch(bench, input_dir, target, batch_id + 1)
+    wall_s, batch = run_first_batch(bench.spark, input_dir, target, batch_id + 1)
     total_s = time.perf_counter() - started
     recovery = restorer.last_restore.recovery if restorer.last_restore is not None else None
     return {

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from connector_settings import TARGET_RESTART_RATIO
+from connector_settings import APP_MODES, TARGET_RESTART_RATIO
 
 # A checkpoint listing: relative path -> (size, mtime_ns).
 Listing = dict[str, tuple[int, int]]
@@ -116,9 +116,16 @@ def bench_batches(block: dict[str, Any]) -> int:
     return int(last) - int(first) + 1
 
 
+def median_where(
+    trials: Sequence[dict[str, Any]], field: str, value: str, name: str
+) -> float | None:
+    """The median of ``name`` over the trials whose ``field`` is ``value`` and have it."""
+    return median([trial[name] for trial in trials if trial[field] == value and name in trial])
+
+
 def restart_summary(build: dict[str, Any], trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
     def of(path: str, name: str) -> float | None:
-        return median([trial[name] for trial in trials if trial["path"] == path])
+        return median_where(trials, "path", path, name)
 
     ring_s, local_s = of("ring", "total_s"), of("local", "total_s")
     ratio = ring_s / local_s if ring_s is not None and local_s else None
@@ -146,7 +153,7 @@ def app_restart_summary(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
     its first batch done, and the ratios against the restart on an intact local copy."""
 
     def of(mode: str, name: str) -> float | None:
-        return median([trial[name] for trial in trials if trial["mode"] == mode and name in trial])
+        return median_where(trials, "mode", mode, name)
 
     local_s = of("local", "done_s")
     summary: dict[str, Any] = {"local_done_s_median": local_s}
@@ -156,10 +163,8 @@ def app_restart_summary(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
         summary[f"{key}_done_s_median"] = done_s
         summary[f"{key}_ratio"] = done_s / local_s if done_s is not None and local_s else None
         summary[f"{key}_restore_s_median"] = of(mode, "restore_s")
-    summary["session_s_median"] = {m: of(m, "session_s") for m in ("local", "ring", "ring-first")}
-    summary["first_batch_s_median"] = {
-        m: of(m, "first_batch_s") for m in ("local", "ring", "ring-first")
-    }
+    summary["session_s_median"] = {mode: of(mode, "session_s") for mode in APP_MODES}
+    summary["first_batch_s_median"] = {mode: of(mode, "first_batch_s") for mode in APP_MODES}
     ratio = summary["ring_ratio"]
     summary["target_ratio"] = TARGET_RESTART_RATIO
     summary["target_met"] = ratio is not None and ratio <= TARGET_RESTART_RATIO
