@@ -35,7 +35,7 @@ from connector_stats import Listing, app_restart_summary, cpu_delta, restart_sum
 from spark_connector.sync import StateSync
 
 RESTART_QUERY = "restart-state"
-APP_SCRIPT = Path(__file__).parent / "connector_app.py"
+APP_SCRIPT = Path(__file__).resolve().parent / "connector_app.py"
 APP_S_MAX = 600  # one application restart, from its process start to its exit
 
 
@@ -222,6 +222,7 @@ def app_trial(
 ) -> dict[str, Any]:
     """Run ``connector_app.py`` in ``mode`` on ``target``; its figures and CPU seconds."""
     settings, cluster = bench.settings, bench.cluster
+    target.parent.mkdir(parents=True, exist_ok=True)
     if mode == "local":  # untimed, as in part 3
         shutil.copytree(checkpoint, target, symlinks=True)
         subprocess.run(["sync"], check=True)
@@ -236,9 +237,14 @@ def app_trial(
     env = {**os.environ, "SR3_SECRET": cluster.secret}
     peers_before = bench.processes.sample()["peers"]
     command += ["--t0", repr(time.time())]
+    # In the work directory, not the caller's: where the JVM writes a crash report
+    # (hs_err_pid<N>.log) should one fail, as RocksDB's native threads have at spark.stop().
+    crashes_before = set(target.parent.glob("hs_err_pid*.log"))
     done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=APP_S_MAX, check=False
-    )
+        command, env=env, capture_output=True, text=True, timeout=APP_S_MAX, check=False,
+        cwd=target.parent,
+    )  # fmt: skip
+    crashes = sorted(set(target.parent.glob("hs_err_pid*.log")) - crashes_before)
     peers_after = bench.processes.sample()["peers"]
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -246,4 +252,5 @@ def app_trial(
     figures: dict[str, Any] = json.loads(lines[-1])
     peers_s = None if peers_before is None or peers_after is None else peers_after - peers_before
     figures["cpu_s"]["peers"] = None if peers_s is None else round(peers_s, 2)
+    figures["jvm_crash_reports"] = [path.name for path in crashes]
     return figures

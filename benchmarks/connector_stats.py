@@ -168,5 +168,6 @@ def app_restart_summary(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ratio = summary["ring_ratio"]
     summary["target_ratio"] = TARGET_RESTART_RATIO
     summary["target_met"] = ratio is not None and ratio <= TARGET_RESTART_RATIO
+    summary["jvm_crash_reports"] = sum(len(t.get("jvm_crash_reports", ())) for t in trials)
     summary["trials"] = list(trials)
     return summary
