@@ -38,6 +38,9 @@ ring runs elsewhere.
    the checkpoint (copied before the clock starts). Both process the same small input
    file with ``availableNow``; the time is from ``restore()`` (ring) or ``start()``
    (local) until the query terminated after that batch. Target: ring / local <= 1.2x.
+   **overlap** (``--no-overlap-bound``: not run): the local path's first batch while a
+   restore of the same cut runs into another directory, on the same cores; the bound of
+   any restore that overlapped the query's start instead of preceding it.
 4. **restart as a new application** (``--app-restarts`` per path, 0: none), as a restart
    after a lost machine is: a new process and JVM each (``connector_app.py``), timed
    from its process start until the first batch is done. **ring**: the restore runs in
@@ -159,7 +162,8 @@ def print_restart(restart: dict[str, Any]) -> None:
     print(
         f"\nrestart: {build['cut_state_bytes'] / MIB:.0f} MiB of RocksDB state in the cut "
         f"({build['state_rows']} rows, state/ on disk {build['state_dir_bytes_on_disk'] / MIB:.0f}"
-        f" MiB), {len(restart['trials']) // 2} trial(s) per path, medians"
+        f" MiB), {sum(t['path'] == 'ring' for t in restart['trials'])} trial(s) per path,"
+        " medians"
     )
     print(
         f"  ring   {restart['ring_total_s_median']:7.2f} s  (restore "
@@ -170,6 +174,13 @@ def print_restart(restart: dict[str, Any]) -> None:
         f"{restart['local_copy_s_median']:.2f} s, untimed)\n"
         f"  ratio  {_ratio(restart['ratio'], TARGET_RESTART_RATIO)}"
     )
+    if restart["overlap_total_s_median"] is not None:
+        print(
+            f"  overlap {restart['overlap_total_s_median']:6.2f} s  (the first batch on the "
+            f"intact copy beside a restore of {restart['overlapped_restore_s_median']:.2f} s: "
+            f"the bound of any restore overlapped with the start), "
+            f"{restart['overlap_ratio']:.2f}x local"
+        )
     app = restart.get("app")
     if app:
         sessions, batches = app["session_s_median"], app["first_batch_s_median"]

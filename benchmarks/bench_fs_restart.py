@@ -47,11 +47,10 @@ APP_S_MAX = 1800
 # -- one application (a subprocess) -----------------------------------------------------
 
 
-def _session() -> Any:
+def _session(work: Path) -> Any:
     from spark_connector.conf import spark_conf
 
     conf = spark_conf(os.environ["SR3_RING"], credential=os.environ["SR3_CREDENTIAL"])
-    work = Path(tempfile.mkdtemp(prefix="sr3-bench-app-"))
     spark = session({**conf, "spark.sql.shuffle.partitions": "8"}, "rocksdb", work)
     spark.conf.set("spark.sql.shuffle.partitions", "8")
     return spark
@@ -60,7 +59,11 @@ def _session() -> Any:
 def app(input_dir: str, checkpoint: str) -> int:
     """Process what is new in ``input_dir``; print one JSON line of timings."""
     began = time.monotonic()
-    spark = _session()
+    with tempfile.TemporaryDirectory(prefix="sr3-bench-app-") as work:
+        return _app(_session(Path(work)), began, input_dir, checkpoint)
+
+
+def _app(spark: Any, began: float, input_dir: str, checkpoint: str) -> int:
     started = time.monotonic()
     query = start_keys_query(spark, Path(input_dir), checkpoint, available_now=True)
     query.awaitTermination()

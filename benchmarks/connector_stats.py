@@ -130,6 +130,7 @@ def restart_summary(build: dict[str, Any], trials: Sequence[dict[str, Any]]) -> 
     ring_s, local_s = of("ring", "total_s"), of("local", "total_s")
     ratio = ring_s / local_s if ring_s is not None and local_s else None
     restore_s = of("ring", "restore_s")
+    overlap_s = of("overlap", "total_s")
     return {
         "ring_total_s_median": ring_s,
         "local_total_s_median": local_s,
@@ -143,6 +144,10 @@ def restart_summary(build: dict[str, Any], trials: Sequence[dict[str, Any]]) -> 
         # Copying the intact checkpoint (every retained version) with its sync, untimed
         # in the local restart: the cost of laying these bytes into new files here.
         "local_copy_s_median": of("local", "local_copy_s"),
+        # The bound on any restore overlapped with the query's start (None: not run).
+        "overlap_total_s_median": overlap_s,
+        "overlap_ratio": overlap_s / local_s if overlap_s is not None and local_s else None,
+        "overlapped_restore_s_median": of("overlap", "overlapped_restore_s"),
         "build": build,
         "trials": list(trials),
     }
