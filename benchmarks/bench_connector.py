@@ -38,9 +38,10 @@ ring runs elsewhere.
    the checkpoint (copied before the clock starts). Both process the same small input
    file with ``availableNow``; the time is from ``restore()`` (ring) or ``start()``
    (local) until the query terminated after that batch. Target: ring / local <= 1.2x.
-   **overlap** (``--no-overlap-bound``: not run): the local path's first batch while a
-   restore of the same cut runs into another directory, on the same cores; the bound of
-   any restore that overlapped the query's start instead of preceding it.
+   **overlap** (``--no-overlap-bound``: not run): the first batch on a restored copy
+   (restored before the clock starts) while another restore of the same cut runs into
+   another directory, on the same cores; the bound of any restore that overlapped the
+   query's start instead of preceding it.
 4. **restart as a new application** (``--app-restarts`` per path, 0: none), as a restart
    after a lost machine is: a new process and JVM each (``connector_app.py``), timed
    from its process start until the first batch is done. **ring**: the restore runs in
@@ -176,8 +177,8 @@ def print_restart(restart: dict[str, Any]) -> None:
     )
     if restart["overlap_total_s_median"] is not None:
         print(
-            f"  overlap {restart['overlap_total_s_median']:6.2f} s  (the first batch on the "
-            f"intact copy beside a restore of {restart['overlapped_restore_s_median']:.2f} s: "
+            f"  overlap {restart['overlap_total_s_median']:6.2f} s  (the first batch on a "
+            f"restored copy beside a restore of {restart['overlapped_restore_s_median']:.2f} s: "
             f"the bound of any restore overlapped with the start), "
             f"{restart['overlap_ratio']:.2f}x local"
         )

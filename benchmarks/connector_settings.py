@@ -48,7 +48,7 @@ class Settings:
     build_rows: int = 300_000
     restart_rows: int = 10_000
     restarts: int = 5
-    # Part 3's third path, "overlap": the first batch on an intact copy while a restore
+    # Part 3's third path, "overlap": the first batch on a restored copy while a restore
     # of the same cut runs into another directory. No restore that overlaps the query's
     # start, however well it ordered its files, can beat this on the same cores.
     overlap_bound: bool = True
