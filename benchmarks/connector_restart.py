@@ -127,7 +127,7 @@ def restart_trial(
     elif path == "overlap":
         # Untimed: the batch runs on what the ring path's restore leaves (the cut, not
         # every retained version), as it would on a restore that let it start early.
-        check_restored(restore_beside(bench, target)[1], batch_id)
+        restore_beside(bench, target, batch_id)
     restorer = StateSync(cluster.ring, RESTART_QUERY, target, cluster.secret)
     settle(bench.settings.settle_s)
     cpu_before = bench.processes.sample()
@@ -135,21 +135,18 @@ def restart_trial(
     restore_s = 0.0
     try:
         if path == "ring":
-            restored = restorer.restore(topology=bench.settings.restore_topology)
-            restore_s = time.perf_counter() - started
-            check_restored(restored, batch_id)
+            restore_s = timed_restore(restorer, bench.settings.restore_topology, batch_id)
     finally:
         restorer.close()
     restored_bytes = tree_bytes(target)
     if path == "overlap":
         side = target.with_name(f"{target.name}-restored")
         with ThreadPoolExecutor(1, thread_name_prefix="overlap") as pool:
-            restoring = pool.submit(restore_beside, bench, side)
+            restoring = pool.submit(restore_beside, bench, side, batch_id)
             wall_s, batch = run_first_batch(bench.spark, input_dir, target, batch_id + 1)
             # Each measured on its own clock from the same start; the batch is the figure.
-            side_restore_s, restored = restoring.result()
+            side_restore_s: float | None = restoring.result()
         shutil.rmtree(side, ignore_errors=True)
-        check_restored(restored, batch_id)
     else:
         wall_s, batch = run_first_batch(bench.spark, input_dir, target, batch_id + 1)
         side_restore_s = None
@@ -172,16 +169,18 @@ def restart_trial(
     }
 
 
-def restore_beside(bench: Bench, directory: Path) -> tuple[float, int | None]:
-    """The overlap path's restore of the cut into ``directory``: (seconds, batch)."""
-    cluster = bench.cluster
-    restorer = StateSync(cluster.ring, RESTART_QUERY, directory, cluster.secret)
+def timed_restore(restorer: StateSync, topology: str, batch_id: int) -> float:
+    """Seconds ``restorer.restore()`` took, checked to have restored ``batch_id``."""
     started = time.perf_counter()
-    try:
-        restored = restorer.restore(topology=bench.settings.restore_topology)
-    finally:
-        restorer.close()
-    return time.perf_counter() - started, restored
+    check_restored(restorer.restore(topology=topology), batch_id)
+    return time.perf_counter() - started
+
+
+def restore_beside(bench: Bench, directory: Path, batch_id: int) -> float:
+    """The overlap path's restore of the cut into ``directory``: its seconds."""
+    cluster = bench.cluster
+    with StateSync(cluster.ring, RESTART_QUERY, directory, cluster.secret) as restorer:
+        return timed_restore(restorer, bench.settings.restore_topology, batch_id)
 
 
 def measure_restart(bench: Bench) -> dict[str, Any]:

@@ -123,12 +123,17 @@ def median_where(
     return median([trial[name] for trial in trials if trial[field] == value and name in trial])
 
 
+def ratio_to(value: float | None, baseline: float | None) -> float | None:
+    """``value / baseline``, or None when either is missing (or the baseline is 0)."""
+    return value / baseline if value is not None and baseline else None
+
+
 def restart_summary(build: dict[str, Any], trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
     def of(path: str, name: str) -> float | None:
         return median_where(trials, "path", path, name)
 
     ring_s, local_s = of("ring", "total_s"), of("local", "total_s")
-    ratio = ring_s / local_s if ring_s is not None and local_s else None
+    ratio = ratio_to(ring_s, local_s)
     restore_s = of("ring", "restore_s")
     overlap_s = of("overlap", "total_s")
     return {
@@ -146,7 +151,7 @@ def restart_summary(build: dict[str, Any], trials: Sequence[dict[str, Any]]) -> 
         "local_copy_s_median": of("local", "local_copy_s"),
         # The bound on any restore overlapped with the query's start (None: not run).
         "overlap_total_s_median": overlap_s,
-        "overlap_ratio": overlap_s / local_s if overlap_s is not None and local_s else None,
+        "overlap_ratio": ratio_to(overlap_s, local_s),
         "overlapped_restore_s_median": of("overlap", "overlapped_restore_s"),
         "build": build,
         "trials": list(trials),
@@ -166,7 +171,7 @@ def app_restart_summary(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
         done_s = of(mode, "done_s")
         key = mode.replace("-", "_")
         summary[f"{key}_done_s_median"] = done_s
-        summary[f"{key}_ratio"] = done_s / local_s if done_s is not None and local_s else None
+        summary[f"{key}_ratio"] = ratio_to(done_s, local_s)
         summary[f"{key}_restore_s_median"] = of(mode, "restore_s")
     summary["session_s_median"] = {mode: of(mode, "session_s") for mode in APP_MODES}
     summary["first_batch_s_median"] = {mode: of(mode, "first_batch_s") for mode in APP_MODES}
