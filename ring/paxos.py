@@ -57,6 +57,7 @@ from ring.parse import load_json
 from ring.placement import Member
 
 __all__ = [
+    "CLASSIC_MIN",
     "EMPTY",
     "FAST",
     "NOTHING",
@@ -115,6 +116,15 @@ class Ballot:
 
 
 FAST = Ballot(0, "")
+# The lowest classic ballot: counter 1 and the smallest proposer id the wire allows ("0";
+# 1-32 hex digits, so "" is not valid and Ballot(1, "") would not parse). A refused fast
+# accept names at least this, since the slot may hold nothing above FAST (it took another
+# fast value): the refusal parses, and the writer retries above it at a classic ballot.
+# Every ballot a proposer picks (counter >= 1, a 16-hex-digit id) is above it. It equals
+# records.LEGACY_BALLOT on purpose, as both mean "the lowest classic ballot": a refusal
+# only bounds where the proposer retries, and a slot accepted at LEGACY_BALLOT is refused
+# naming that same ballot, which bounds it the same way.
+CLASSIC_MIN = Ballot(1, "0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +161,9 @@ NOTHING = Slot()
 
 @dataclass(frozen=True, slots=True)
 class Preempted:
-    """An acceptor's refusal: it promised ``promised`` (or accepted at or above it)."""
+    """An acceptor's refusal: ``promised`` is at or above every ballot it promised or
+    accepted, and above the refused ballot (a refused fast accept names at least
+    ``CLASSIC_MIN``), so the proposer retries above it; it is always valid on the wire."""
 
     promised: Ballot
 
@@ -177,7 +189,7 @@ def accept(
         return slot
     if ballot == FAST:
         if not slot.pristine:
-            return Preempted(max(slot.promised, slot.accepted or FAST, Ballot(1, "")))
+            return Preempted(max(slot.promised, slot.accepted or FAST, CLASSIC_MIN))
     elif ballot < slot.promised:
         return Preempted(slot.promised)
     if following is not None and following <= ballot:

@@ -79,6 +79,17 @@ def test_fast_accept_only_on_a_pristine_slot() -> None:
     assert isinstance(paxos.accept(Slot(FAST, FAST, V2), FAST, V1, None, NOW), Preempted)
 
 
+def test_a_refused_fast_accept_names_a_ballot_that_parses() -> None:
+    """Breaks: a fast create reaching a slot that took another fast value (nothing above
+    ballot 0 promised or accepted there). Must hold: the refusal names a classic ballot
+    valid on the wire (the peer sends it, the writer parses it and retries above it),
+    not ``1.`` (counter 1 with no proposer), which ``Ballot.parse`` refuses."""
+    refusal = paxos.accept(Slot(FAST, FAST, V2), FAST, V1, None, NOW)
+    assert isinstance(refusal, Preempted)
+    assert Ballot.parse(refusal.promised.wire(), "promised") == refusal.promised
+    assert refusal.promised == paxos.CLASSIC_MIN and FAST < refusal.promised <= B1
+
+
 def test_a_tombstone_keeps_the_time_it_was_first_stored() -> None:
     tombstone = Value(2, b"", (), True, "02")
     first = paxos.accept(Slot(B1, B1, V1), B2, tombstone, None, NOW)
@@ -238,3 +249,22 @@ def test_mutated_slots_decode_or_raise_protocol_errors(data: st.DataObject) -> N
         mutated = encoded + data.draw(st.binary(min_size=1, max_size=16))
     with contextlib.suppress(ProtocolError):
         paxos.decode_slot(mutated, 1024)
+
+
+@given(slots(), ballots, st.one_of(st.none(), ballots), st.booleans())
+def test_every_refusal_names_a_ballot_valid_on_the_wire(
+    slot: Slot, ballot: Ballot, following: Ballot | None, preparing: bool
+) -> None:
+    """Breaks: prepares and accepts at any ballot against any slot. Must hold: a refusal
+    names a ballot whose wire form parses back to itself (the peer sends it in a 409 and
+    the proposer parses it), above the refused ballot (a retry above it goes above both)."""
+    try:
+        if preparing:
+            outcome = paxos.prepare(slot, ballot)
+        else:
+            outcome = paxos.accept(slot, ballot, V1, following, NOW)
+    except ProtocolError:  # a prepare at ballot 0, a next ballot not above the accept's
+        return
+    if isinstance(outcome, Preempted):
+        assert Ballot.parse(outcome.promised.wire(), "promised") == outcome.promised
+        assert outcome.promised > ballot
