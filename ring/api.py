@@ -38,6 +38,9 @@ network (``tests/test_api.py``).
     POST   /v1/paxos/accept/{key}?ballot=B[&next=B2]&view=D   accept the value in the
                                           body (a slot encoding) at B, promising B2
     GET    /v1/refs                       chunk ids live records here reference (16 B each)
+    GET    /v1/cluster, POST /v1/cluster/learn|prepare|accept, GET /v1/cluster/suspects
+                                          the configuration, decided by the voters
+                                          (bodies in ``ring.cluster``)
     POST   /v1/recovery/stream            a recovery plan -> framed chunk stream
                                           (installed by ``recovery.relay``)
     PUT|GET|DELETE /v1/fs/files/{path}, GET /v1/fs/stat|list/{path},
@@ -87,6 +90,11 @@ __all__ = [
     "ADMIN_LEAVE",
     "ANY_TARGET_ROUTES",
     "CHUNKS_EXIST",
+    "CLUSTER",
+    "CLUSTER_ACCEPT",
+    "CLUSTER_LEARN",
+    "CLUSTER_PREPARE",
+    "CLUSTER_SUSPECTS",
     "CHUNK_GET",
     "CHUNK_HEAD",
     "CHUNK_PUT",
@@ -158,6 +166,7 @@ __all__ = [
     "member_table_body",
     "members_answer",
     "parse_ascii_int",
+    "parse_cluster_epoch",
     "parse_error",
     "parse_exists_answer",
     "parse_exists_request",
@@ -215,6 +224,12 @@ RECORD_GET = Route("GET", "/v1/records/{key:.+}")
 PAXOS_PREPARE = Route("POST", "/v1/paxos/prepare/{key:.+}")
 PAXOS_ACCEPT = Route("POST", "/v1/paxos/accept/{key:.+}")
 REFS = Route("GET", "/v1/refs")
+# Cluster metadata (``ring.cluster``): the configuration and its consensus rounds.
+CLUSTER = Route("GET", "/v1/cluster")
+CLUSTER_LEARN = Route("POST", "/v1/cluster/learn")
+CLUSTER_PREPARE = Route("POST", "/v1/cluster/prepare")
+CLUSTER_ACCEPT = Route("POST", "/v1/cluster/accept")
+CLUSTER_SUSPECTS = Route("GET", "/v1/cluster/suspects")
 RECOVERY_STREAM = Route("POST", "/v1/recovery/stream")
 # The sr3:// file namespace (paths, bodies and answers in ``ring.fs_api``).
 FS_WRITE = Route("PUT", "/v1/fs/files/{path:.*}")
@@ -227,8 +242,10 @@ FS_MKDIRS = Route("POST", "/v1/fs/mkdirs/{path:.*}")
 
 # Routes a request may reach with the target "*": a client asks a seed for the member
 # table before it knows the seed's advertised address, and a joining peer gossips with
-# overlay contacts it knows only by IP. Both are idempotent and change no stored data.
-ANY_TARGET_ROUTES = frozenset({RING, GOSSIP})
+# overlay contacts it knows only by IP, asks a seed for the configuration and tells such
+# a contact the configuration it missed. All are idempotent and change no stored data (a
+# peer learns only configurations newer than its own, of its own cluster).
+ANY_TARGET_ROUTES = frozenset({RING, GOSSIP, CLUSTER, CLUSTER_LEARN})
 
 # Request signing (``ring.auth``).
 HEADER_AUTHORIZATION = "Authorization"
@@ -687,9 +704,16 @@ def parse_info(answer: Any) -> InfoSummary:
         raise ProtocolError(f"malformed peer info: {exc!r}") from exc
 
 
-def member_table_body(entries: Iterable[Entry]) -> dict[str, Any]:
-    """``POST /v1/gossip`` both ways (and a peer's saved ``members.json``)."""
-    return {"members": [entry.to_json() for entry in entries]}
+def member_table_body(entries: Iterable[Entry], cluster_epoch: int = 0) -> dict[str, Any]:
+    """``POST /v1/gossip`` both ways (and a peer's saved ``members.json``), with the
+    configuration epoch the sender is at."""
+    return {"members": [entry.to_json() for entry in entries], "cluster_epoch": cluster_epoch}
+
+
+def parse_cluster_epoch(data: Any) -> int:
+    """The configuration epoch a gossip body names (0: none, or a peer before epochs)."""
+    epoch = data.get("cluster_epoch", 0) if isinstance(data, dict) else 0
+    return json_int(epoch, "cluster_epoch", VERSION_MAX)
 
 
 def parse_member_table(data: Any) -> list[Entry]:

@@ -17,12 +17,14 @@ Every error that sr3 raises on purpose derives from ``SR3Error``. Library errors
     ├── QuorumError            fewer than W replicas acknowledged a write
     ├── RecordConflict         compare-and-set refused: the expected version is stale
     ├── NotFound               no such record or blob
-    └── DataUnavailable        no live replica could serve some chunks (names them)
+    └── DataUnavailable        too few live replicas could serve some chunks or records
+                               (names them, and says which they are)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 __all__ = [
     "AuthError",
@@ -135,11 +137,27 @@ class NotFound(SR3Error):
     """No such record or blob."""
 
 
-class DataUnavailable(SR3Error):
-    """No live replica could serve some chunks; ``missing`` names them."""
+# What a DataUnavailable names, and how its message says why they are unavailable: a chunk
+# is readable from any one replica holding it, a record only from a quorum of its
+# acceptors, and a scan of a prefix from enough peers to cover every key under it.
+UnavailableKind = Literal["chunk", "record", "prefix"]
+_UNAVAILABLE: dict[UnavailableKind, str] = {
+    "chunk": "{count} chunk(s) unavailable on every replica",
+    "record": "{count} record(s) unavailable: too few of their replicas answered",
+    "prefix": "records under {count} prefix(es) unavailable",
+}
 
-    def __init__(self, missing: Sequence[str], causes: Sequence[str] = ()) -> None:
+
+class DataUnavailable(SR3Error):
+    """Too few live replicas could serve some chunks, records, or the records under a
+    prefix; ``missing`` names them and ``kind`` says which (chunks unless told)."""
+
+    def __init__(
+        self, missing: Sequence[str], causes: Sequence[str] = (), kind: UnavailableKind = "chunk"
+    ) -> None:
         shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
         detail = f" ({'; '.join(causes[:3])})" if causes else ""
-        super().__init__(f"{len(missing)} chunk(s) unavailable on every replica: {shown}{detail}")
+        what = _UNAVAILABLE[kind].format(count=len(missing))
+        super().__init__(f"{what}: {shown}{detail}")
         self.missing = list(missing)
+        self.kind = kind

@@ -83,39 +83,52 @@ class Gossiper:
         self.ready = asyncio.Event()
         self.ready_after_s = ready_after_s
         self.on_change: Callable[[], Awaitable[None]] | None = None
+        # The configuration epoch this peer is at, and what to do when a partner is at
+        # another (pull the newer configuration, or push ours): every exchange carries
+        # the epoch, so a peer that missed a decided change learns it within a round.
+        self.epoch: Callable[[], int] = lambda: 0
+        self.on_epoch: Callable[[str, int], Awaitable[None]] | None = None
         # Gossip traffic, both ways, as bodies (each message also carries about half a
         # kilobyte of HTTP and signing headers): exchanges this peer started and answered.
         self.traffic = GossipTraffic()
 
+    def _body(self) -> bytes:
+        return compact_json(api.member_table_body(self.table.entries(), self.epoch()))
+
     def receive(self, body: bytes) -> bytes:
-        """Handle an incoming exchange: merge it, answer with our table."""
+        """Handle an incoming exchange: merge it, answer with our table (the partner
+        compares configuration epochs: it starts the exchange, so it pulls or pushes)."""
         changed = self.table.merge(api.parse_member_table(api.parse_json_object(body)))
         if changed:
             log.info("member table: learned %s", ", ".join(changed))
             self._changed = True
-        answer = compact_json(api.member_table_body(self.table.entries()))
+        answer = self._body()
         self.traffic.count(received=len(body), sent=len(answer))
         return answer
 
     _changed = False
 
     async def exchange(self, address: str) -> bool:
-        body = compact_json(api.member_table_body(self.table.entries()))
+        body = self._body()
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
                 answer = await self._transport.request(
                     address, api.GOSSIP.method, api.GOSSIP.pattern, body=body, any_target=True
                 )
             self.traffic.count(received=len(answer.body), sent=len(body))
-            theirs = api.parse_member_table(answer.json())
+            data = answer.json()
+            theirs = api.parse_member_table(data)
             changed = self.table.merge(theirs)
+            epoch = api.parse_cluster_epoch(data)
+            if epoch != self.epoch() and self.on_epoch is not None:
+                await self.on_epoch(address, epoch)
         except (SR3Error, TimeoutError) as exc:
             log.debug("gossip with %s failed: %s", address, exc)
             return False
         if changed:
             log.info("member table: learned %s from %s", ", ".join(changed), address)
             self._changed = True
-        elif _ids(theirs) == _ids(self.table.entries()):
+        elif _ids(theirs) == _ids(self.table.entries()) and self.table.configuration is not None:
             # Ready once a partner's table and ours name the same members, not after the
             # first answer: a joining peer's first partner may itself know only part of
             # the ring, and a client handed that part places and looks for data wrongly.
@@ -129,7 +142,7 @@ class Gossiper:
         known = [
             entry.address
             for entry in self.table.entries()
-            if entry.peer_id != me and states[entry.peer_id] in ("up", "down")
+            if entry.peer_id != me and states[entry.peer_id] not in ("removed", "left")
         ]
         if not known:
             own = self.table.own.address
@@ -161,7 +174,7 @@ class Gossiper:
                 busy.add(address)
                 group.create_task(exchange(address))
             await self._finish_round()
-            if not self.ready.is_set():
+            if not self.ready.is_set() and self.table.configuration is not None:
                 waited = self._clock() - started
                 if not self.targets() or waited >= self.ready_after_s:
                     log.info(

@@ -6,20 +6,23 @@ and bumps its heartbeat; an entry replaces another only if its ``(epoch, heartbe
 newer. ``epoch`` grows on every start of a peer, so a restarted peer's entries win over
 whatever the ring remembers of its previous life.
 
-Liveness is judged locally with a suspicion timeout (documented in the README):
+Who places data is not decided here: placement is the members of the configuration
+the voters decided (``ring.cluster``), set in ``configuration`` as each epoch is learned.
+What this table judges, locally and fast, is liveness (documented in the README):
 
-* ``up``       the peer's heartbeat advanced within ``failure_timeout_s``;
-* ``down``     it did not (or the peer announced ``stopped``): reads and writes go
-               around it, writes leave hints, but it keeps its place in placement;
-* ``removed``  it stayed silent for ``removal_grace_s``: it leaves placement and the
-               ring re-replicates what it held;
-* ``leaving``  it announced ``leaving`` (``sr3 peer leave``): out of placement at once
-               (no longer a write target), it hands what it holds over to the peers
-               that take its place; silent for ``removal_grace_s``, it is ``removed``;
+* ``up``       a member whose heartbeat advanced within ``failure_timeout_s``;
+* ``down``     a member whose heartbeat did not (or that announced ``stopped``): reads
+               and writes go around it, writes leave hints, but it keeps its place in
+               placement. Silent for ``removal_grace_s``, a voter proposes its removal,
+               which takes effect only if a majority of the voters agree;
+* ``leaving``  a member that announced ``leaving`` (``sr3 peer leave``), until the epoch
+               that removes it is learned;
+* ``joining``  a peer that is not a member (yet): it asks to be added;
+* ``removed``  a peer that is not a member and is silent;
 * ``left``     it announced ``left``: every chunk and record it held is on R peers
                without it, and it exits.
 
-A peer whose heartbeat advances again is ``up`` again, whatever it was before.
+A member whose heartbeat advances again is ``up`` again, whatever it was before.
 
 Silence is a duration measured on this peer's monotonic clock, from the moment it saw a
 peer's heartbeat advance: never the wall clock, whose steps (NTP) would mark every peer
@@ -28,11 +31,11 @@ down at once (forward) or hide a failure (backward).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ring.cluster import Configuration, check_address, check_name
 from ring.errors import ProtocolError
 from ring.placement import Member
 
@@ -50,8 +53,6 @@ MEMBERS_MAX = 1024
 COUNTER_MAX = 2**53 - 1
 STATUSES = ("up", "stopped", "leaving", "left")
 _ID_CHARS_MAX = 128
-_ADDRESS_CHARS_MAX = 300
-_ADDRESS_PATTERN = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,29 +99,24 @@ class Entry:
         return entry
 
 
-def _text(value: Any, name: str, chars_max: int, *, empty: bool = False) -> str:
-    if not isinstance(value, str) or not (0 if empty else 1) <= len(value) <= chars_max:
+def _text(value: Any, name: str, chars_max: int) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= chars_max:
         raise ProtocolError(f"a member entry's {name} is a string of at most {chars_max}")
     return value
 
 
 def _name(value: Any, name: str, *, empty: bool) -> str:
-    """A peer id or zone: printable ASCII without spaces. Ids are hashed onto the ring
-    (``.encode()``) and named in file names and logs; a lone surrogate or a control
-    character gossiped once would break placement on every peer that learned it."""
-    text = _text(value, name, _ID_CHARS_MAX, empty=empty)
-    if not (text.isascii() and text.isprintable()) or " " in text:
-        raise ProtocolError(f"a member entry's {name} is printable ASCII without spaces")
-    return text
+    try:
+        return check_name(value, name, empty=empty)
+    except ProtocolError as exc:
+        raise ProtocolError(f"a member entry's {exc}") from exc
 
 
 def _address(value: Any) -> str:
-    """``host:port`` as peers dial it: an ASCII host name or IP, a port in 1..65535."""
-    address = _text(value, "address", _ADDRESS_CHARS_MAX)
-    match = _ADDRESS_PATTERN.fullmatch(address)
-    if match is None or not 0 < int(match.group(1)) < 65536:
-        raise ProtocolError(f"a member entry's address {address[:80]!r} is not host:port")
-    return address
+    try:
+        return check_address(value)
+    except ProtocolError as exc:
+        raise ProtocolError(f"a member entry's {exc}") from exc
 
 
 def _counter(value: Any, name: str) -> int:
@@ -150,6 +146,8 @@ class MemberTable:
         self.me = me.peer_id
         self._entries: dict[str, Entry] = {me.peer_id: me}
         self._advanced_at: dict[str, float] = {me.peer_id: clock()}
+        # The newest decided configuration this peer learned (``ring.metadata``).
+        self.configuration: Configuration | None = None
 
     # -- own entry ----------------------------------------------------------------------
 
@@ -200,33 +198,61 @@ class MemberTable:
 
     # -- liveness -----------------------------------------------------------------------
 
+    def silent_s(self, peer_id: str) -> float:
+        """How long this peer has not heard from ``peer_id`` (0 for itself; infinite for
+        a peer it never heard of)."""
+        if peer_id == self.me:
+            return 0.0
+        advanced_at = self._advanced_at.get(peer_id)
+        return float("inf") if advanced_at is None else self._clock() - advanced_at
+
+    def _member(self, peer_id: str) -> bool:
+        config = self.configuration
+        return config is not None and config.member(peer_id) is not None
+
     def liveness(self, peer_id: str) -> str:
-        """``up``, ``down``, ``removed``, ``leaving`` or ``left`` (see the module
-        docstring)."""
+        """``up``, ``down``, ``leaving``, ``joining``, ``removed`` or ``left`` (see the
+        module docstring)."""
         entry = self._entries[peer_id]
         if entry.status == "left":
             return "left"
-        if peer_id == self.me:
-            return "leaving" if entry.status == "leaving" else "up"
-        silent_s = self._clock() - self._advanced_at[peer_id]
-        if silent_s > self.timeouts.removal_grace_s:
-            return "removed"
+        silent_s = self.silent_s(peer_id)
+        stopped = entry.status == "stopped" or silent_s > self.timeouts.failure_timeout_s
+        if not self._member(peer_id):
+            return "removed" if stopped else "joining"
         if entry.status == "leaving":
             return "leaving"
-        if entry.status == "stopped" or silent_s > self.timeouts.failure_timeout_s:
-            return "down"
-        return "up"
+        return "down" if stopped else "up"
 
     def states(self) -> Mapping[str, str]:
-        return {peer_id: self.liveness(peer_id) for peer_id in sorted(self._entries)}
+        states = {peer_id: self.liveness(peer_id) for peer_id in sorted(self._entries)}
+        for member in self.placement():
+            # A member never heard from (this peer learned the epoch before its gossip).
+            states.setdefault(member.peer_id, "down")
+        return states
 
-    def placement(self) -> tuple[Member, ...]:
-        """Members that own data: up or down, not removed, leaving or left."""
-        return tuple(
-            self._entries[peer_id].member
-            for peer_id, state in self.states().items()
-            if state in ("up", "down")
+    def suspects(self) -> frozenset[str]:
+        """Members this peer has not heard from within the failure timeout (or that
+        announced they stopped): what it answers a voter that considers a removal."""
+        config = self.configuration
+        if config is None:
+            return frozenset()
+        return frozenset(
+            member.peer_id
+            for member in config.members
+            if member.peer_id != self.me
+            and (
+                self.silent_s(member.peer_id) > self.timeouts.failure_timeout_s
+                or (entry := self._entries.get(member.peer_id)) is None
+                or entry.status == "stopped"
+            )
         )
 
+    def placement(self) -> tuple[Member, ...]:
+        """The members of the decided configuration: they own data, up or down."""
+        config = self.configuration
+        return () if config is None else config.members
+
     def live(self) -> frozenset[str]:
+        """Members that are up."""
         return frozenset(peer_id for peer_id, state in self.states().items() if state == "up")

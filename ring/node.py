@@ -33,6 +33,7 @@ from pathlib import Path
 from ring.api import LeaveProgress, member_table_body, parse_member_table
 from ring.chunkstore import ChunkStore
 from ring.clock import Clocks
+from ring.cluster import Configuration
 from ring.consensus import Acceptor, AcceptorSettings
 from ring.errors import ConfigError, ProtocolError, SR3Error
 from ring.files import PendingWrite
@@ -42,13 +43,15 @@ from ring.handover import HandOver
 from ring.hints import HintStore
 from ring.loops import run_periodic
 from ring.membership import Entry, MemberTable, Timeouts
+from ring.metadata import Metadata
 from ring.overlay import Overlay
 from ring.peer_config import PeerConfig
-from ring.placement import Ring
+from ring.placement import Member, Ring
 from ring.ratelimit import ForegroundGate, TokenBucket
 from ring.records import RecordStore
 from ring.repair import Repairer, RepairSettings
 from ring.scrubber import Scrubber
+from ring.steward import Steward, StewardSettings
 from ring.transport import Timeouts as TransportTimeouts
 from ring.transport import Transport
 
@@ -144,6 +147,8 @@ class Node:
             config.data_dir, tombstone_ttl_s=config.tombstone_ttl_s, wall_clock=clocks.wall
         )
         self.hints = HintStore(config.data_dir)
+        # The cluster configuration this peer learned and its vote on the next one.
+        self.metadata = Metadata(config.data_dir, config.peer_id)
         # Signatures carry unix time: the peers that check them compare it with theirs.
         self.data_transport = Transport(config.secret, clock=clocks.wall)
         self.control_transport = Transport(
@@ -179,6 +184,7 @@ class Node:
         self._scrubber: Scrubber | None = None
         self._collector: ChunkCollector | None = None
         self._acceptor: Acceptor | None = None
+        self._steward: Steward | None = None
 
     # Built in open(): they need the epoch read from disk.
     @property
@@ -195,6 +201,11 @@ class Node:
     def acceptor(self) -> Acceptor:
         assert self._acceptor is not None, "open() first"
         return self._acceptor
+
+    @property
+    def steward(self) -> Steward:
+        assert self._steward is not None, "Node.open() first"
+        return self._steward
 
     @property
     def repairer(self) -> Repairer:
@@ -219,9 +230,12 @@ class Node:
         self.chunks.open()
         self.records.open()
         self.hints.open()
+        self.metadata.open()
         me = Entry(config.peer_id, config.address, config.zone, "up", self.epoch, 0)
         timeouts = Timeouts(config.failure_timeout_s, config.removal_grace_s)
         self._table = MemberTable(me, self.clocks.monotonic, timeouts)
+        self._table.configuration = self.metadata.current
+        self.metadata.listeners.append(self._learned)
         away_s = _away_s(self._alive_file.path, self.clocks.wall)
         self._table.merge(_load_members(self._members_file.path))
         self._gossiper = Gossiper(
@@ -235,6 +249,15 @@ class Node:
             clock=self.clocks.monotonic,
         )
         self._gossiper.on_change = self._save_members
+        self._gossiper.epoch = lambda: self.metadata.epoch
+        self._gossiper.on_epoch = self._partner_epoch
+        self._steward = Steward(
+            Member(config.peer_id, config.address, config.zone), self.metadata, self._table,
+            self.control_transport,
+            StewardSettings(config.gossip_interval_s, config.removal_grace_s),
+            seeds=config.seeds, contacts=self._overlay_contacts,
+            rng=random.Random(config.rng_seed), clock=self.clocks.monotonic,
+        )  # fmt: skip
         self._repairer = Repairer(
             config.peer_id, self._table, self.chunks, self.records, self.hints,
             self.data_transport,
@@ -277,6 +300,17 @@ class Node:
             self.clocks.monotonic, wall_clock=self.clocks.wall,
         )  # fmt: skip
 
+    def _learned(self, config: Configuration, _gap: bool) -> None:
+        self.table.configuration = config
+
+    async def _partner_epoch(self, address: str, epoch: int) -> None:
+        """A gossip partner is at another configuration epoch: learn from it if it is
+        ahead, tell it ours if it is behind."""
+        if epoch > self.metadata.epoch:
+            await self.steward.pull(address, epoch)
+        elif self.metadata.current is not None:
+            await self.steward.push_to(address)
+
     async def _save_members(self) -> None:
         """Remember the member table, so that a restarted peer knows the ring at once.
         Best effort: on a full disk it stays pending for ``_save_pending``."""
@@ -286,7 +320,7 @@ class Node:
     @property
     def saves_pending(self) -> bool:
         """Whether the member table or the identity waits for room on the disk."""
-        return self._members_file.pending or self._identity.pending
+        return self._members_file.pending or self._identity.pending or self.metadata.saves_pending
 
     async def _save_pending(self) -> None:
         """Retry what a full disk kept from being saved (the newest member table)."""
@@ -294,6 +328,7 @@ class Node:
             await asyncio.to_thread(self._identity.flush)
         if self._members_file.pending:
             await self._save_members()
+        await self.metadata.save_pending()
 
     async def _retry_saves(self) -> None:
         await run_periodic(
@@ -348,6 +383,7 @@ class Node:
                 group.create_task(self.overlay.run())
                 group.create_task(self._join_overlay())
             group.create_task(self.gossiper.run())
+            group.create_task(self.steward.run())
             group.create_task(self._repair_when_ready())
             group.create_task(self.scrubber.run())
             group.create_task(self._collect_when_ready())
@@ -410,6 +446,14 @@ class Node:
         ``up`` with its data if that does not finish within ``LEAVE_TIMEOUT_S``."""
         log.info("peer %s is leaving: handing its data over", self.config.peer_id)
         self.handover.start()
+        self.steward.wants_membership = False
+        try:
+            await self.steward.propose(self._without_me)
+        except SR3Error as exc:
+            self.steward.wants_membership = True
+            self.handover.fail(f"the ring did not decide the removal of this peer: {exc}")
+            self.leaving.clear()
+            return
         await self.gossiper.announce("leaving", ANNOUNCE_TIMEOUT_S)
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):
@@ -438,6 +482,11 @@ class Node:
             log.info("nobody asked how the hand-over went: exiting anyway")
         self.left.set()
 
+    def _without_me(self, config: Configuration) -> Configuration | None:
+        if config.member(self.config.peer_id) is None:
+            return None
+        return config.without([self.config.peer_id])
+
     async def _hand_over_round(self) -> None:
         # Leaving, this peer is out of placement: these are the peers that take over.
         owners = len(self.table.placement())
@@ -457,6 +506,8 @@ class Node:
         log.error("leaving: %s", message)
         self.handover.fail(message)
         self.leaving.clear()
+        # Back up: it asks to be a member again (``Steward``).
+        self.steward.wants_membership = True
         await self.gossiper.announce("up", ANNOUNCE_TIMEOUT_S)
 
     async def stop(self) -> None:

@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ring import api, codec, fs_api, paxos
 from ring.api import Route
 from ring.auth import ANY_TARGET, AuthFailure, Principal, Verifier
+from ring.cluster_http import cluster_routes
 from ring.consensus import Syncing, ViewMismatch
 from ring.errors import (
     ChunkCorrupt,
@@ -594,6 +595,7 @@ def build_app(node: Node, extensions: Sequence[AppExtension] = ()) -> web.Applic
         api.PAXOS_PREPARE: peer.prepare_record,
         api.PAXOS_ACCEPT: peer.accept_record,
         api.REFS: peer.referenced_chunks,
+        **cluster_routes(node.metadata, node.steward),
     }
     for route, handler in routes.items():
         if route.method == "GET":

@@ -43,9 +43,15 @@ SEEDS_COUNT = 2
 def peer_command(cluster: ClusterFile, peer: ClusterPeer) -> list[str]:
     """The ``sr3 peer`` command line of one member (the same one compose services run).
 
-    Every peer joins through the first two peers of the cluster (the seeds)."""
+    The first peer founds the ring (it has no seeds); every other peer joins through the
+    first two peers of the cluster (the seeds)."""
     host, _, port = peer.address.rpartition(":")
-    seeds = [p.address for p in cluster.peers[:SEEDS_COUNT] if p.peer_id != peer.peer_id]
+    founder = cluster.peers[0].peer_id == peer.peer_id
+    seeds = (
+        []
+        if founder
+        else [p.address for p in cluster.peers[:SEEDS_COUNT] if p.peer_id != peer.peer_id]
+    )
     command = [
         sys.executable, "-m", "sr3", "peer",
         "--id", peer.peer_id,

@@ -154,13 +154,13 @@ class RecordIO:
             if not any("409 view" in cause for cause in failed):
                 break
         if not slots:
-            raise DataUnavailable([key], causes)
+            raise DataUnavailable([key], causes, kind="record")
         self.rounds_for_reads += 1
         try:
             value, _ok = await self.proposer.run(key, lambda current: (current, True))
         except QuorumError as exc:
             if not allow_stale:
-                raise DataUnavailable([key], [*causes, str(exc)]) from exc
+                raise DataUnavailable([key], [*causes, str(exc)], kind="record") from exc
             accepted = [slot for slot in slots if slot.accepted is not None]
             best = max(accepted, key=lambda slot: slot.accepted or paxos.FAST, default=None)
             return (paxos.EMPTY if best is None else best.value), False
@@ -291,7 +291,9 @@ class RecordIO:
         placement = paxos.placement_digest(view.ring.members)
         complete = _covered(view, pages, placement)
         if not complete and not allow_stale:
-            raise DataUnavailable([prefix], ["too few peers answered the scan", *result.causes])
+            raise DataUnavailable(
+                [prefix], ["too few peers answered the scan", *result.causes], kind="prefix"
+            )
         verdict = scan_verdicts(pages, placement, lambda key: Acceptors.of(view, key))
         found = {key: (value, True) for key, value in verdict.chosen.items()}
         slots = asyncio.Semaphore(SCAN_READS_MAX)
