@@ -9,23 +9,22 @@ digest of the R preferred peer ids). An acceptor that computes other acceptors r
 different sets of peers need not meet. The proposer refreshes its table and retries.
 
 **New owners catch up before they answer.** After a membership change a peer may be
-preferred for keys whose slots are elsewhere (a join, a leave, a removal after the grace);
-an empty slot there would count as a promise that never accepted anything and could hide a
-chosen value. So for ``sync_window_s`` after a placement under which it was not one of
-a key's acceptors, and after its own start unless it knows it was away too briefly to be
-replaced (``start_known``), the first round that touches such a key here first asks the
-peers that answered for it (that placement's acceptors; after a start, the key's other
-candidates now: the other acceptors and the next peer in the walk, which held the key
-before a join) for their slots and merges them (``RecordStore.merge``). It needs
-``R - W + 1`` of each group (all of those still in the ring, when fewer) that compute the
-same acceptors as it does: those refuse proposers that still use the old ones, so no
-value can be chosen among the old acceptors afterwards without one of them. Until it has
-them, it answers 503 ``syncing`` and the proposer counts it as unavailable. After the
-window, repair has moved slots to their new owners (it pushes them as accepts,
-``RecordStore.accept``).
+preferred for keys whose slots are elsewhere (a join, a leave, a removal after the
+grace); an empty slot there would count as a promise that never accepted anything and
+could hide a chosen value. So for ``sync_window_s`` after a placement under which it was
+not one of a key's acceptors, and after its own start unless it knows it was away too
+briefly to be replaced (``start_known``), the first round that touches such a key here
+first asks the peers that answered for it (that placement's acceptors; after a start,
+the key's other candidates now: the other acceptors and the next peer in the walk, which
+held the key before a join) for their slots and merges them (``RecordStore.merge``). It
+needs a majority of each group (of its full size) that compute the same acceptors as it
+does: those refuse proposers that still use the old ones, so no value can be chosen
+among the old acceptors afterwards without one of them. Until it has them, it answers
+503 ``syncing`` and the proposer counts it as unavailable. After the window, repair has
+moved slots to their new owners (it pushes them as accepts, ``RecordStore.accept``).
 
-Where this stops: more than ``R - W`` of a key's acceptors lost at once (a removal and a
-frozen peer, say) can leave no copy of a chosen value among the peers a new owner asks.
+Where this stops: more than a minority of a key's previous acceptors lost at once leaves
+a new owner unable to catch up (it answers 503 ``syncing`` until enough come back).
 """
 
 from __future__ import annotations
@@ -66,8 +65,8 @@ class Syncing(SR3Error):
 
 @dataclass(frozen=True, slots=True)
 class AcceptorSettings:
-    replication: int
-    write_quorum: int
+    # Acceptors per record (``paxos.record_group``: 2R - 1), capped by the ring's size.
+    group: int
     vnodes: int
     zone_aware: bool
     sync_window_s: float
@@ -122,7 +121,7 @@ class Acceptor:
         return self._ring
 
     def preferred(self, key: str) -> tuple[str, ...]:
-        members = self.ring().preference_list(key, self._settings.replication)
+        members = self.ring().preference_list(key, self._settings.group)
         return tuple(member.peer_id for member in members)
 
     def digest(self, key: str) -> str:
@@ -162,7 +161,7 @@ class Acceptor:
         self._history = [(at, ring) for at, ring in self._history if at >= horizon]
         if not self._history or key in self._synced:
             return False
-        replication = self._settings.replication
+        replication = self._settings.group
         return any(
             ring is None
             or all(m.peer_id != self._me for m in ring.preference_list(key, replication))
@@ -181,36 +180,36 @@ class Acceptor:
             if not lock.locked() and self._syncing.get(key) is lock:
                 del self._syncing[key]
 
-    def _sources(self, key: str) -> list[frozenset[str]]:
+    def _sources(self, key: str) -> list[tuple[Member, ...]]:
         """The peer groups this peer must hear from to catch up on ``key``: for each ring
         of the window under which it was not one of the key's acceptors, those
-        acceptors; for a time it was not running, the key's other candidates now (the
-        other acceptors and the next peer in the walk, which held the key before a join)."""
-        replication = self._settings.replication
-        groups: list[frozenset[str]] = []
+        acceptors (all of them, removed ones too: they may still answer); for a time it
+        was not running, the key's other candidates now (the other acceptors and the
+        next peer in the walk, which held the key before a join)."""
+        size = self._settings.group
+        groups: list[tuple[Member, ...]] = []
         for _at, ring in self._history:
             if ring is None:
                 others = [m for m in self.ring().walk(key) if m.peer_id != self._me]
-                groups.append(frozenset(m.peer_id for m in others[:replication]))
+                if others:
+                    groups.append(tuple(others[:size]))
                 continue
-            acceptors = {m.peer_id for m in ring.preference_list(key, replication)}
-            if self._me not in acceptors:
-                groups.append(frozenset(acceptors))
+            acceptors = ring.preference_list(key, size)
+            if all(m.peer_id != self._me for m in acceptors):
+                groups.append(acceptors)
         return groups
 
     async def _catch_up(self, key: str) -> None:
-        """Merge the slots of ``R - W + 1`` of each source group (of all its members
-        still in the ring, when fewer) that compute the same acceptors as this peer; as
-        soon as every group has them, without waiting on the slower ones."""
-        ring = self.ring()
-        settings = self._settings
-        members = {m.peer_id: m for m in ring.members}
-        live = self._table().live()
+        """Merge the slots of a majority of each source group that compute the same
+        acceptors as this peer; as soon as every group has them, without waiting on the
+        slower ones. A majority of the group's full size, never of the members still up
+        or still in the ring: a value chosen there is on a majority of it, and only a
+        majority is sure to meet that one."""
         mine = self.digest(key)
-        groups = [group & members.keys() - {self._me} for group in self._sources(key)]
-        quorum = settings.replication - settings.write_quorum + 1
-        needed = [(group, min(quorum, len(group))) for group in groups]
-        asked = sorted(set().union(*groups) & live) if groups else []
+        groups = self._sources(key)
+        needed = [({m.peer_id for m in group}, paxos.majority(len(group))) for group in groups]
+        members = {m.peer_id: m for group in groups for m in group if m.peer_id != self._me}
+        asked = sorted(members)
 
         async def ask(member: Member) -> Slot | None:
             try:

@@ -30,6 +30,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from ring import paxos
 from ring.api import LeaveProgress, member_table_body, parse_member_table
 from ring.chunkstore import ChunkStore
 from ring.clock import Clocks
@@ -281,8 +282,8 @@ class Node:
         self._acceptor = Acceptor(
             config.peer_id, self.records, lambda: self.table, self.data_transport,
             AcceptorSettings(
-                replication=config.replication, write_quorum=config.write_quorum,
-                vnodes=config.vnodes, zone_aware=config.zone_aware,
+                group=paxos.record_group(config.replication), vnodes=config.vnodes,
+                zone_aware=config.zone_aware,
                 sync_window_s=config.failure_timeout_s + 3 * config.repair_interval_s,
             ),
             self.clocks.monotonic,

@@ -69,7 +69,9 @@ __all__ = [
     "chosen_value",
     "decode_slot",
     "encode_slot",
+    "majority",
     "prepare",
+    "record_group",
     "recovered_value",
     "view_digest",
 ]
@@ -236,6 +238,18 @@ def chosen_value(answers: Sequence[Slot], replication: int, write_quorum: int) -
     if empty >= replication - write_quorum + 1:
         return EMPTY
     return None
+
+
+def record_group(replication: int) -> int:
+    """Acceptors per record for replication factor R: 2R - 1, so that the R - 1
+    simultaneous losses chunks survive leave a majority of every record's acceptors
+    (tolerating f failures linearizably takes 2f + 1). A ring of fewer members gives every
+    record all of them."""
+    return 2 * replication - 1
+
+
+def majority(count: int) -> int:
+    return count // 2 + 1
 
 
 def placement_digest(members: Sequence[Member]) -> str:

@@ -57,6 +57,11 @@ class RepairSettings:
     rate_bytes_s: float = 64e6
     transfers_max: int = 2
 
+    @property
+    def record_group(self) -> int:
+        """Acceptors per record (``paxos.record_group``)."""
+        return paxos.record_group(self.replication)
+
 
 @dataclass(slots=True)
 class RoundReport:
@@ -288,7 +293,7 @@ class Repairer:
         accept had arrived late. Slots are compared by accepted ballot (``_ranks``)."""
         keys = self.records.keys()
         preference = {
-            key: tuple(m.peer_id for m in ring.preference_list(key, self.settings.replication))
+            key: tuple(m.peer_id for m in ring.preference_list(key, self.settings.record_group))
             for key in keys
         }
         asked: dict[str, list[str]] = {}
@@ -314,7 +319,7 @@ class Repairer:
                     await self.records.delete_local(key)
                 continue
             action = plan_record(
-                self.me, preference[key], versions[key], live, self.settings.replication
+                self.me, preference[key], versions[key], live, self.settings.record_group
             )
             report.records_under_replicated += bool(action.push_to)
             for peer_id in action.push_to:

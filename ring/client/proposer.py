@@ -66,12 +66,12 @@ class Acceptors:
 
     @classmethod
     def of(cls, ring_view: RingView, key: str) -> Acceptors:
-        replication, write_quorum = ring_view.record_quorums()
-        members = ring_view.ring.preference_list(key, replication)
+        group, _quorum = ring_view.record_quorums()
+        members = ring_view.ring.preference_list(key, group)
         view = paxos.view_digest([member.peer_id for member in members])
-        # A ring of fewer than R peers: every peer is an acceptor, and "all R" (the fast
-        # round, chosen reads) means all of them.
-        return cls(members, min(replication, len(members)), write_quorum, view)
+        # A ring smaller than the group: every peer is an acceptor, and "all" (the fast
+        # round) means all of them.
+        return cls(members, len(members), paxos.majority(len(members)), view)
 
 
 @dataclass(slots=True)

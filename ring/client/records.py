@@ -118,8 +118,7 @@ def _covered(view: RingView, pages: Mapping[str, api.ScanAnswer], placement: str
     answered = {peer_id for peer_id, page in pages.items() if page.placement == placement}
     if all(member.peer_id in answered for member in view.ring.members):
         return True
-    replication, write_quorum = view.record_quorums()
-    count = min(replication, len(view.ring))
+    count, write_quorum = view.record_quorums()
     needed = max(1, count - write_quorum + 1)
     trusted = {peer_id for peer_id in answered if pages[peer_id].settled}
     return all(

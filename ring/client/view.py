@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ring import api
+from ring import api, paxos
 from ring.client.options import ClientOptions
 from ring.errors import ConfigError, PeerError, PeerUnavailable, ProtocolError
 from ring.placement import Member, Ring
@@ -81,11 +81,12 @@ class RingView:
     ring_write_quorum: int = 0
 
     def record_quorums(self) -> tuple[int, int]:
-        """R and W for records: the ring's own."""
-        return (
-            self.ring_replication or self.replication,
-            self.ring_write_quorum or self.write_quorum,
-        )
+        """A record's acceptors and the quorum of its rounds: ``2R - 1`` of the ring's
+        own R (``paxos.record_group``), capped by the ring's size, and a majority of them.
+        Every proposer and acceptor derives both from the configuration alone, never
+        from which peers are up."""
+        group = min(paxos.record_group(self.ring_replication or self.replication), len(self.ring))
+        return group, paxos.majority(group)
 
 
 def parse_seeds(ring: str | Sequence[str]) -> tuple[str, ...]:

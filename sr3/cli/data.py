@@ -102,54 +102,80 @@ def _status_json(status: RingStatus, pids: dict[str, int | None]) -> dict[str, A
 class RingHealth:
     """What the ring is doing, from the peers' last repair rounds and their states."""
 
-    # healthy, rebalancing, under_replicated, lost or unknown
+    # healthy, moving, under_replicated, lost or unknown
     state: str
     summary: str
+
+
+# Peer ids a summary names at most in one list.
+NAMES_SHOWN_MAX = 4
 
 
 def _known_sum(values: list[int | None]) -> int | None:
     return None if any(value is None for value in values) else sum(v or 0 for v in values)
 
 
+def _names(peer_ids: list[str]) -> str:
+    more = len(peer_ids) - NAMES_SHOWN_MAX
+    return ", ".join(peer_ids[:NAMES_SHOWN_MAX]) + (f" and {more} more" if more > 0 else "")
+
+
 def ring_health(status: RingStatus) -> RingHealth:
-    """Tell rebalancing after a join (every member up, some chunks not yet on their new
-    owners) from under-replication after a loss (members down or removed). A repair
-    round counts both the same way, so the members' states make the difference; when
-    both happen at once, the loss is what is reported."""
+    """Tell placement moving (copies not yet on their new owners after a membership
+    change) from under-replication (copies gone with members down or removed), and a
+    leave from a join.
+
+    A repair round counts one figure, the chunks on fewer than R live owners (the R
+    peers placement puts them on): a chunk whose copies still sit on the peers it moves
+    from counts the same as one whose copies are gone, as the peers report no count of
+    live copies held off the owners. So the members' states decide: members down or
+    removed mean copies are gone (under-replicated; reported when both happen at once);
+    otherwise placement is moving, after a leave when a member is leaving or left, else
+    after a join. The member table keeps left and removed peers without the time they
+    went, so movement after a later join is put down to an earlier leave or loss."""
     live = [peer for peer in status.peers if peer.state == "up"]
     down = [peer.peer_id for peer in status.peers if peer.state == "down"]
     removed = [peer.peer_id for peer in status.peers if peer.state == "removed"]
     under = sum(peer.chunks_under_replicated or 0 for peer in live)
     lost = sum(peer.chunks_lost or 0 for peer in live)
     pending = [peer.peer_id for peer in live if peer.chunks_under_replicated is None]
-    replicas = f"R={status.replication}"
     if lost:
         return RingHealth("lost", f"{lost} chunks lost: no live peer holds them")
     if under and (down or removed):
         causes = []
         if down:
             causes.append(
-                f"{', '.join(down)} down (copied elsewhere once removed, after --removal-grace)"
+                f"{_names(down)} down (copied elsewhere once removed, after --removal-grace)"
             )
         if removed:
-            causes.append(f"{', '.join(removed)} removed (re-replicating what they held)")
+            causes.append(f"{_names(removed)} removed (re-replicating what they held)")
         return RingHealth(
             "under_replicated",
-            f"under-replicated after a loss: {under} chunks have fewer than {replicas} live "
-            f"copies; {'; '.join(causes)}",
+            f"under-replicated after a loss: {under} chunks have fewer than "
+            f"R={status.replication} live copies on their owners; {'; '.join(causes)}",
         )
     if under:
-        return RingHealth(
-            "rebalancing",
-            f"rebalancing after a join: {under} chunks moving to their new owners",
-        )
+        return RingHealth("moving", _moving_summary(status, under))
     if pending:
         return RingHealth(
-            "unknown", f"not known yet: {', '.join(pending)} has not finished a repair round"
+            "unknown", f"not known yet: {_names(pending)} has not finished a repair round"
         )
     if down:
-        return RingHealth("under_replicated", f"{', '.join(down)} down; no chunk counted")
-    return RingHealth("healthy", f"healthy: every chunk has {replicas} live copies")
+        return RingHealth("under_replicated", f"{_names(down)} down; no chunk counted")
+    return RingHealth("healthy", f"healthy: every chunk has R={status.replication} live copies")
+
+
+def _moving_summary(status: RingStatus, under: int) -> str:
+    """Placement moving with no member down or removed: after a leave when a member is
+    leaving or left, else after a join."""
+    leaving = [peer.peer_id for peer in status.peers if peer.ring_state == "leaving"]
+    left = [peer.peer_id for peer in status.peers if "left" in (peer.state, peer.ring_state)]
+    moving = f"{under} chunks not yet on all R={status.replication} of their new owners"
+    if leaving:
+        return f"placement moving after a leave: {moving} ({_names(leaving)} handing over)"
+    if left:
+        return f"placement moving after a leave: {moving} ({_names(left)} left)"
+    return f"placement moving after a join: {moving} (every member up, none leaving or left)"
 
 
 _STATE_STYLE = {"up": "green", "down": "red", "removed": "yellow", "left": "dim"}
@@ -165,7 +191,7 @@ def _status_table(status: RingStatus, pids: dict[str, int | None]) -> Table:
     lost = _known_sum([peer.chunks_lost for peer in live])
     title = (
         f"sr3 ring: R={status.replication}, W={status.write_quorum}, "
-        f"{_figure(under)} chunks under-replicated, {_figure(lost)} lost"
+        f"{_figure(under)} chunks on fewer than R live owners, {_figure(lost)} lost"
     )
     zones = any(peer.zone for peer in status.peers)
     table = Table(title=title)
@@ -216,8 +242,9 @@ def _print_wide(table: Table, summary: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @fail_cleanly
 def status(ring: str | None, secret_file: Path | None, as_json: bool) -> None:
-    """Peers, up/down, effective ownership, stored bytes and chunk counts; whether the
-    ring is rebalancing after a join or under-replicated after a loss."""
+    """Peers, up/down, effective ownership, stored bytes and chunk counts; whether
+    placement is moving after a join or a leave, or the ring is under-replicated after a
+    loss."""
     settings = ring_settings(ring, secret_file)
     result = asyncio.run(_status(settings))
     pids = _local_pids(settings)
