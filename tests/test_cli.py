@@ -28,6 +28,7 @@ from ring.errors import ConfigError
 from spark_connector.manifest import manifest_key
 from sr3.cli import cli
 from sr3.cli._shared import fail_cleanly
+from sr3.cli.data import ring_health
 from sr3.local import LocalCluster
 from sr3.statedata import write_state_file
 
@@ -284,22 +285,24 @@ def test_status_shows_dashes_for_unknown_figures_and_whole_addresses(
     assert "0 B" not in rows["peer-3"], out
     assert rows["peer-3"].split()[-5:] == ["-"] * 5, out
     assert rows["peer-2"].split()[-3:] == ["-"] * 3, out
-    assert "- chunks under-replicated" in out, out
+    assert "- chunks on fewer than R live owners" in out, out
 
 
-def test_status_tells_rebalancing_after_a_join_from_under_replication_after_a_loss(
+def test_status_tells_placement_moving_from_under_replication_after_a_loss(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Breaks: chunks are under-replicated once with every peer up (a join: they move to
-    the new owner) and once with a peer down or removed (a loss). Must hold: status says
-    which, in the table's output and in ``--json``'s ``health``."""
+    """Breaks: chunks are on fewer than R owners once with every peer up (a join: they
+    move to the new owner) and once with a peer down or removed (a loss). Must hold:
+    status says which, in the table's output and in ``--json``'s ``health``, and its
+    title calls no chunk under-replicated (the count is of chunks off their owners)."""
     joined = RingStatus(3, 2, tuple(
         _peer(f"peer-{n}", f"127.0.0.{n}:7401", chunks_under_replicated=5 * (n < 3),
               chunks_lost=0) for n in (1, 2, 3, 4)
     ), chunks_under_replicated=10)  # fmt: skip
     out = _status_output(monkeypatch, joined)
-    assert "rebalancing after a join: 10 chunks" in out, out
-    assert "after a loss" not in out, out
+    assert "placement moving after a join: 10 chunks not yet on all R=3" in out, out
+    assert "10 chunks on fewer than R live owners" in out, out
+    assert "under-replicated" not in out and "after a loss" not in out, out
 
     lost_one = RingStatus(3, 2, (
         *joined.peers[:3], _peer("peer-4", "127.0.0.4:7401", state="removed", known=False),
@@ -313,6 +316,45 @@ def test_status_tells_rebalancing_after_a_join_from_under_replication_after_a_lo
         env={"SR3_RING": "127.0.0.1:9", "SR3_SECRET": "a-secret-of-enough-length-for-signing"},
     )  # fmt: skip
     assert json.loads(result.stdout)["health"] == "under_replicated", result.stdout
+
+
+def test_ring_health_tells_a_leave_from_a_join_and_moving_from_under_replicated() -> None:
+    """Breaks: after a peer left (its hand-over done, so every chunk has R copies, some
+    not yet on their new owners), while one is leaving, after a join, and with a peer
+    down. Must hold: the first three are placement moving, after a leave or a join as
+    the member states show; only copies gone with a member are under-replicated."""
+    up = tuple(
+        _peer(f"peer-{n}", f"127.0.0.{n}:7401", chunks_under_replicated=n - 1, chunks_lost=0)
+        for n in (1, 2, 3)
+    )
+    left = ring_health(RingStatus(3, 2, (
+        *up, _peer("peer-4", "127.0.0.4:7401", state="left", known=False),
+    )))  # fmt: skip
+    assert left.state == "moving", left
+    assert left.summary == (
+        "placement moving after a leave: 3 chunks not yet on all R=3 of their new owners "
+        "(peer-4 left)"
+    ), left
+    leaving = ring_health(RingStatus(3, 2, (
+        *up, _peer("peer-4", "127.0.0.4:7401", ring_state="leaving", chunks_under_replicated=0,
+                   chunks_lost=0),
+    )))  # fmt: skip
+    assert leaving.state == "moving", leaving
+    assert "after a leave" in leaving.summary and "peer-4 handing over" in leaving.summary
+    joined = ring_health(RingStatus(3, 2, up))
+    assert joined.state == "moving" and "after a join: 3 chunks" in joined.summary, joined
+    down = ring_health(RingStatus(3, 2, (
+        *up, _peer("peer-4", "127.0.0.4:7401", state="down", ring_state="up"),
+    )))  # fmt: skip
+    assert down.state == "under_replicated", down
+    assert down.summary.startswith(
+        "under-replicated after a loss: 3 chunks have fewer than R=3 live copies on their owners"
+    ), down
+    healthy = ring_health(RingStatus(3, 2, (
+        _peer("peer-1", "127.0.0.1:7401", chunks_under_replicated=0, chunks_lost=0),
+        _peer("peer-4", "127.0.0.4:7401", state="left", known=False),
+    )))  # fmt: skip
+    assert healthy.state == "healthy", healthy
 
 
 def test_hints_from_lower_layers_name_the_cli_flag() -> None:
