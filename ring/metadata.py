@@ -7,9 +7,12 @@ the newest, and says so (``gaps``): a record acceptor then treats what it missed
 unknown (``ring.consensus``).
 
 Durability: the acceptor state is written and fsynced before a promise or acceptance is
-answered (a forgotten promise could let two configurations be decided for one epoch);
-a full disk refuses the round (``StorageFull``, 507). Learned configurations are saved
-best effort: one lost in a crash is learned again from any peer.
+answered (a forgotten promise could let two configurations be decided for one epoch).
+A full disk must not take a voter out of the rounds that would let the ring replace
+it, so the store keeps a reserve file (``RESERVE_BYTES``) that it gives up to write its
+acceptor state when the disk is full, and takes back once there is room; only with the
+reserve gone too is the round refused (``StorageFull``, 507). Learned configurations
+are saved best effort: one lost in a crash is learned again from any peer.
 
 Files: ``<data>/cluster/config.json`` (``ClusterAnswer`` JSON) and
 ``<data>/cluster/next.slot`` (the epoch, then a ``ring.paxos`` slot).
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +38,7 @@ from ring.cluster import (
     chain_after,
     parse_cluster_answer,
 )
-from ring.errors import ProtocolError
+from ring.errors import ProtocolError, StorageFull
 from ring.files import PendingWrite, write_file_atomic
 from ring.paxos import Ballot, Preempted, Slot, Value
 
@@ -43,6 +47,11 @@ __all__ = ["Decided", "Metadata", "NotVoter", "Unready"]
 log = logging.getLogger(__name__)
 
 _EPOCH = struct.Struct("<Q")
+# Room kept for the acceptor state on a full disk: a slot holds one configuration
+# (at most CONFIG_BYTES_MAX), and the atomic replace writes it beside the old one.
+RESERVE_BYTES = 2 * CONFIG_BYTES_MAX
+# Freed beyond a write's own size: its temp file's name and the file system's blocks.
+_RESERVE_SLACK_BYTES = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,7 @@ class Metadata:
         self._me = me
         self._saved = PendingWrite(self._tmp, self._dir / "config.json", "the configuration")
         self._slot_path = self._dir / "next.slot"
+        self._reserve = self._dir / "reserve"
         self.current: Configuration | None = None
         self.recent: list[Configuration] = []
         # The acceptor's state for one instance: (epoch it decides, slot).
@@ -92,6 +102,7 @@ class Metadata:
 
     def open(self) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
+        self._keep_reserve()
         if self._saved.path.exists():
             try:
                 answer = parse_cluster_answer(json.loads(self._saved.path.read_bytes()))
@@ -127,6 +138,38 @@ class Metadata:
     async def save_pending(self) -> None:
         if self._saved.pending:
             await asyncio.to_thread(self._saved.flush)
+        if self._reserve_short():
+            await asyncio.to_thread(self._keep_reserve)
+
+    def _reserve_short(self) -> bool:
+        try:
+            return self._reserve.stat().st_size < RESERVE_BYTES
+        except FileNotFoundError:
+            return True
+
+    def _release_reserve(self, needed_bytes: int) -> bool:
+        """Free room for a write of ``needed_bytes`` from the reserve (only that much, so
+        that a full disk stays full for everything else); False if it is spent."""
+        try:
+            size = self._reserve.stat().st_size
+        except FileNotFoundError:
+            return False
+        freed = needed_bytes + _RESERVE_SLACK_BYTES
+        log.warning("disk full: using %d bytes of the configuration reserve to vote", freed)
+        if size <= freed:
+            self._reserve.unlink()
+        else:
+            os.truncate(self._reserve, size - freed)
+        return True
+
+    def _keep_reserve(self) -> None:
+        """Make the reserve file whole if it is short and there is room (else later)."""
+        if not self._reserve_short():
+            return
+        try:
+            write_file_atomic(self._tmp, self._reserve, bytes(RESERVE_BYTES))
+        except StorageFull:
+            log.warning("no room for the configuration reserve yet: will retry")
 
     # -- learning -----------------------------------------------------------------------
 
@@ -214,5 +257,10 @@ class Metadata:
 
     async def _write_slot(self, epoch: int, slot: Slot) -> None:
         data = _EPOCH.pack(epoch) + paxos.encode_slot(slot)
-        await asyncio.to_thread(write_file_atomic, self._tmp, self._slot_path, data)
+        try:
+            await asyncio.to_thread(write_file_atomic, self._tmp, self._slot_path, data)
+        except StorageFull:
+            if not await asyncio.to_thread(self._release_reserve, len(data)):
+                raise
+            await asyncio.to_thread(write_file_atomic, self._tmp, self._slot_path, data)
         self._slot = (epoch, slot)

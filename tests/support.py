@@ -34,7 +34,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from ring import api
+from ring import api, paxos
 from ring.auth import Signer
 from ring.errors import SR3Error
 from ring.placement import Member, Ring
@@ -237,7 +237,8 @@ async def acceptors_of(probe: HttpProbe, address: str, key: str) -> tuple[str, .
         vnodes=description.vnodes,
         zone_aware=description.zone_aware,
     )
-    return tuple(m.peer_id for m in ring.preference_list(key, description.replication))
+    group = paxos.record_group(description.replication)
+    return tuple(m.peer_id for m in ring.preference_list(key, group))
 
 
 def peer_address(cluster: LocalCluster, peer_id: str) -> str:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from ring.cluster import Configuration
 from ring.gossip import Gossiper
 from ring.membership import Entry, MemberTable
 from ring.transport import Transport
@@ -57,8 +58,9 @@ async def test_a_joiner_is_ready_only_once_a_partner_names_the_same_members(
 ) -> None:
     """Breaks: a joiner p1 whose partner first knows p2 only, then also p3 (which joined
     meanwhile), then names the same members as p1, then fewer. Must hold: p1 is not
-    ready after learning p2, nor after learning p3; it is ready after the exchange in
-    which both tables name p1, p2 and p3; an exchange that fails leaves it unready."""
+    ready after learning p2, nor after learning p3, nor while it has learned no
+    configuration; it is ready after the exchange in which both tables name p1, p2 and
+    p3 and it holds a configuration; an exchange that fails leaves it unready."""
     table = MemberTable(entry("p1"), lambda: 0.0)
     transport = Transport(SECRET)
     gossiper = Gossiper(
@@ -76,6 +78,11 @@ async def test_a_joiner_is_ready_only_once_a_partner_names_the_same_members(
         partner.script = [["p1", "p2"]]  # behind us: it learns p3 from us, we learn nothing
         assert await gossiper.exchange(partner.address)
         assert not gossiper.ready.is_set()
+        partner.script = [["p1", "p2", "p3"]]
+        assert await gossiper.exchange(partner.address)
+        # Same members, but no configuration learned yet: nothing to place with.
+        assert not gossiper.ready.is_set()
+        table.configuration = Configuration("0" * 32, 1, (entry("p1").member,))
         partner.script = [["p1", "p2", "p3"]]
         assert await gossiper.exchange(partner.address)
         assert gossiper.ready.is_set()
