@@ -9,11 +9,14 @@ import pytest
 
 from ring.api import member_table_body
 from ring.clock import Clocks
+from ring.cluster import Configuration
 from ring.errors import ProtocolError
 from ring.membership import Entry, MemberTable, Timeouts
 from ring.node import Node
 from ring.paxos import Ballot, Slot, Value
 from ring.peer_config import PeerConfig
+
+CLUSTER = "c" * 32
 
 
 class Clock:
@@ -28,8 +31,15 @@ def entry(peer_id: str, *, epoch: int = 1, heartbeat: int = 0, status: str = "up
     return Entry(peer_id, f"127.0.0.1:{7400 + int(peer_id[1:])}", "", status, epoch, heartbeat)
 
 
-def table(clock: Clock) -> MemberTable:
-    return MemberTable(entry("p1"), clock, Timeouts(failure_timeout_s=5, removal_grace_s=30))
+def configured(*peer_ids: str, epoch: int = 1) -> Configuration:
+    return Configuration(CLUSTER, epoch, tuple(entry(peer_id).member for peer_id in peer_ids))
+
+
+def table(clock: Clock, *members: str) -> MemberTable:
+    """p1's table, placing with a configuration of ``members`` (p1 to p4 by default)."""
+    held = MemberTable(entry("p1"), clock, Timeouts(failure_timeout_s=5, removal_grace_s=30))
+    held.configuration = configured(*(members or ("p1", "p2", "p3", "p4")))
+    return held
 
 
 def test_newer_entries_win_and_older_ones_are_ignored() -> None:
@@ -44,44 +54,67 @@ def test_newer_entries_win_and_older_ones_are_ignored() -> None:
     assert members.merge([entry("p1", epoch=9)]) == []
 
 
-def test_silence_turns_up_into_down_then_removed_and_a_heartbeat_brings_it_back() -> None:
+def test_silence_makes_a_member_down_and_suspected_but_only_a_decision_removes_it() -> None:
+    """Breaks: p2 falls silent past the failure timeout, then far past the removal
+    grace. Must hold: it is down and suspected, but stays in placement however long it
+    is silent (this peer never removes it alone); once a configuration without it is
+    learned it is removed, and a heartbeat makes it a peer asking to join, up again
+    once a configuration names it."""
     clock = Clock()
     members = table(clock)
     members.merge([entry("p2")])
     assert members.liveness("p2") == "up"
     clock.now += 6
     assert members.liveness("p2") == "down"
-    assert "p2" in {m.peer_id for m in members.placement()}
+    assert "p2" in members.suspects()
     assert "p2" not in members.live()
-    clock.now += 30
+    clock.now += 300
+    assert members.liveness("p2") == "down"
+    assert members.silent_s("p2") > 30
+    assert "p2" in {m.peer_id for m in members.placement()}
+    members.configuration = configured("p1", "p3", "p4", epoch=2)
     assert members.liveness("p2") == "removed"
     assert "p2" not in {m.peer_id for m in members.placement()}
     members.merge([entry("p2", heartbeat=1)])
+    assert members.liveness("p2") == "joining"
+    members.configuration = configured("p1", "p2", "p3", "p4", epoch=3)
     assert members.liveness("p2") == "up"
 
 
-def test_announced_stop_is_down_at_once_and_leaving_is_out_of_placement() -> None:
+def test_announced_stop_is_down_at_once_and_leaving_stays_placed_until_decided() -> None:
     clock = Clock()
     members = table(clock)
     members.merge(
         [entry("p2", status="stopped"), entry("p3", status="leaving"), entry("p4", status="left")]
     )
     assert members.liveness("p2") == "down"
+    assert "p2" in members.suspects()
     # Leaving is not left: the peer is still handing its data over.
     assert members.liveness("p3") == "leaving"
     assert members.liveness("p4") == "left"
+    # Placement is the decided configuration's, whatever peers announce.
+    assert {m.peer_id for m in members.placement()} == {"p1", "p2", "p3", "p4"}
+    members.configuration = configured("p1", "p2", epoch=2)
     assert {m.peer_id for m in members.placement()} == {"p1", "p2"}
     assert members.live() == {"p1"}
 
 
-def test_a_leaving_peer_that_goes_silent_is_removed_not_left() -> None:
+def test_a_leaving_peer_out_of_the_configuration_that_goes_silent_is_removed() -> None:
     clock = Clock()
     members = table(clock)
     members.merge([entry("p3", status="leaving")])
     clock.now += 6
     assert members.liveness("p3") == "leaving"
-    clock.now += 30
+    members.configuration = configured("p1", "p2", "p4", epoch=2)
     assert members.liveness("p3") == "removed"
+
+
+def test_a_peer_before_any_configuration_places_nothing() -> None:
+    members = MemberTable(entry("p1"), Clock())
+    members.merge([entry("p2")])
+    assert members.placement() == ()
+    assert members.liveness("p2") == "joining"
+    assert members.suspects() == frozenset()
 
 
 def test_own_entry_beats_and_changes_status() -> None:
@@ -134,6 +167,14 @@ class SteppedClocks:
         self.wall_now += seconds + wall_step_s
 
 
+def state(members: MemberTable, peer_id: str) -> str:
+    """``peer_id``'s liveness, or ``overdue`` once it is silent past the removal grace
+    (when voters consider removing it)."""
+    if members.silent_s(peer_id) > members.timeouts.removal_grace_s:
+        return "overdue"
+    return members.liveness(peer_id)
+
+
 def states_while_p2_beats(
     members: MemberTable, time: SteppedClocks, wall_step_s: float
 ) -> set[str]:
@@ -143,7 +184,7 @@ def states_while_p2_beats(
     seen = set()
     for second in range(1, 21):
         time.tick(1.0, wall_step_s=wall_step_s if second == 10 else 0.0)
-        seen.add(members.liveness("p2"))
+        seen.add(state(members, "p2"))
         members.merge([entry("p2", heartbeat=second)])
     return seen
 
@@ -158,7 +199,7 @@ def states_while_p2_is_silent(
     states = []
     for silent_s in (2.0, 7.0, 30.0):
         time.tick(silent_s)
-        states.append(members.liveness("p2"))
+        states.append(state(members, "p2"))
     return states
 
 
@@ -170,6 +211,7 @@ def node_table(tmp_path: Path, time: SteppedClocks) -> tuple[Node, MemberTable]:
     )  # fmt: skip
     node = Node(config, time.clocks)
     node.open()
+    node.table.configuration = configured("p1", "p2")
     return node, node.table
 
 
@@ -190,10 +232,10 @@ async def test_a_silent_peer_goes_down_then_removed_on_the_monotonic_clock(
 ) -> None:
     """Breaks: p2 falls silent and the wall clock steps (a step back would hide the
     silence from a wall-clock detector). Must hold: down after the failure timeout,
-    removed after the removal grace, as measured on the monotonic clock."""
+    overdue for removal after the removal grace, as measured on the monotonic clock."""
     time = SteppedClocks()
     _, members = node_table(tmp_path, time)
-    assert states_while_p2_is_silent(members, time, wall_step_s) == ["up", "down", "removed"]
+    assert states_while_p2_is_silent(members, time, wall_step_s) == ["up", "down", "overdue"]
 
 
 def test_the_scenarios_catch_a_detector_on_the_wall_clock() -> None:
@@ -202,9 +244,11 @@ def test_the_scenarios_catch_a_detector_on_the_wall_clock() -> None:
     silent peer's failure."""
     time = SteppedClocks()
     members = MemberTable(entry("p1"), time.clocks.wall, Timeouts(5.0, 30.0))
-    assert states_while_p2_beats(members, time, HOUR_S) == {"up", "removed"}
+    members.configuration = configured("p1", "p2")
+    assert states_while_p2_beats(members, time, HOUR_S) == {"up", "overdue"}
     time = SteppedClocks()
     members = MemberTable(entry("p1"), time.clocks.wall, Timeouts(5.0, 30.0))
+    members.configuration = configured("p1", "p2")
     assert states_while_p2_is_silent(members, time, -HOUR_S) == ["up", "up", "up"]
 
 
