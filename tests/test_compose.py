@@ -44,6 +44,7 @@ def test_compose_file_describes_a_ring_of_at_least_five_peers() -> None:
     services = _compose()["services"]
     assert len(services) >= 5
     volumes = set()
+    founders = 0
     for name, service in services.items():
         environment = service["environment"]
         assert {"SR3_PEER_ID", "SR3_LISTEN", "SR3_DATA", "SR3_SEEDS"} <= set(environment), name
@@ -51,8 +52,10 @@ def test_compose_file_describes_a_ring_of_at_least_five_peers() -> None:
         assert "healthcheck" in service, name
         assert service["env_file"] == ".env", name
         volumes.update(volume.split(":")[0] for volume in service["volumes"])
-        seeds = environment["SR3_SEEDS"].split(",")
+        seeds = [seed for seed in environment["SR3_SEEDS"].split(",") if seed]
         assert all(seed.split(":")[0] in services for seed in seeds), "seeds are services"
+        founders += not seeds
+    assert founders == 1, "exactly one peer founds the ring (no seeds)"
     assert len(volumes) == len(services), "every peer needs a data volume of its own"
     assert _entrypoint() == ["sr3", "peer"]
 
