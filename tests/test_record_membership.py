@@ -157,43 +157,53 @@ async def test_repair_brings_a_lagging_acceptor_the_chosen_slot(
         cluster.down(purge=True)
 
 
-async def test_with_two_of_three_acceptors_dead_a_read_may_ask_for_what_is_left(
+async def test_r_minus_one_dead_acceptors_leave_a_record_linearizable_and_more_do_not(
     tmp_path: Path, rng: random.Random
 ) -> None:
-    """Breaks: a record is written on all three acceptors, then two of them die (more
-    than R - W). Must hold: a plain read refuses (DataUnavailable: no quorum can say the
-    value is the last one), and a read with ``allow_stale`` answers from the survivor,
-    flagged ``settled=False`` (a restore reads manifests, written once, this way)."""
+    """Breaks: a record is written on its five acceptors (2R - 1 for R = 3), then two of
+    them die at once (R - 1), then a third. Must hold: with two dead, a plain read
+    answers the value as decided (``settled``) and a compare-and-set write succeeds, at
+    once, with no membership change; with three dead (no majority), a plain read refuses
+    (DataUnavailable: no quorum can say the value is the last one), and a read with
+    ``allow_stale`` answers from the survivors, flagged ``settled=False``."""
     cluster = start_cluster(tmp_path, 5, peer_flags=PEER_FLAGS)
     try:
         key = f"stale/{rng.randrange(10**12)}"
         ring = Ring.build(_members(cluster, 5), vnodes=cluster.cluster.vnodes)
-        acceptors = [m.peer_id for m in ring.preference_list(key, 3)]
+        acceptors = [m.peer_id for m in ring.preference_list(key, paxos.record_group(3))]
+        assert len(acceptors) == 5
         async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
             assert await client.put_record(key, b"written once", expected_version=0) == 1
-        for victim in rng.sample(acceptors, 2):
+        victims = rng.sample(acceptors, 3)
+        for victim in victims[:2]:
             cluster.kill(victim)
+        async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
+            record = await client.get_record(key)
+            assert record is not None and record.settled
+            assert (record.version, record.value) == (1, b"written once")
+            assert await client.put_record(key, b"after two", expected_version=1) == 2
+        cluster.kill(victims[2])
         async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
             with pytest.raises(DataUnavailable):
                 await client.get_record(key)
             record = await client.get_record(key, allow_stale=True)
-        assert record is not None and (record.version, record.value) == (1, b"written once")
+        assert record is not None and record.value in (b"written once", b"after two")
         assert record.settled is False
     finally:
         cluster.down(purge=True)
 
 
-async def test_with_two_of_three_acceptors_of_its_name_dead_a_file_still_reads_back(
+async def test_with_two_acceptors_of_its_name_dead_a_file_still_reads_back_settled(
     tmp_path: Path, rng: random.Random
 ) -> None:
-    """Breaks: the two of three acceptors of a named file's record die (R - 1 losses;
+    """Breaks: two of the acceptors of a named file's record die at once (R - 1 losses;
     each of its chunks keeps a replica). Must hold: the file reads back byte-identical
-    (invariant 2), its info flagged ``settled=False``."""
+    (invariant 2), its name read as decided (``settled``), not from what is left."""
     cluster = start_cluster(tmp_path, 5, peer_flags=PEER_FLAGS)
     try:
         key = f"named-{rng.randrange(10**12)}"
         ring = Ring.build(_members(cluster, 5), vnodes=cluster.cluster.vnodes)
-        acceptors = [m.peer_id for m in ring.preference_list(f"blob/{key}", 3)]
+        acceptors = [m.peer_id for m in ring.preference_list(f"blob/{key}", 5)]
         data = rng.randbytes(300_000)
         async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
             await client.put_bytes(data, key)
@@ -202,7 +212,7 @@ async def test_with_two_of_three_acceptors_of_its_name_dead_a_file_still_reads_b
         async with Client(cluster.ring, cluster.secret, options=FAST_CLOSE) as client:
             info = await client.file_info(key)
             assert await client.get_bytes(key) == data
-        assert info.settled is False
+        assert info.settled is True
     finally:
         cluster.down(purge=True)
 
