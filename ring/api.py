@@ -27,16 +27,19 @@ network (``tests/test_api.py``).
                                           a scan: each record's accepted ballot, value
                                           identity and first H bytes, keys rolled up at
                                           "/" with a delimiter (``scan_answer``)
-    GET    /v1/records/{key}[?view=D]     this peer's slot for the key (``ring.paxos``
-                                          encoding); X-SR3-View names the acceptors it
-                                          computes. With ``view``: for a round (409
-                                          "view" if they differ, 503 "syncing")
+    GET    /v1/records/{key}[?view=D[&epoch=E]]   this peer's slot for the key
+                                          (``ring.paxos`` encoding); X-SR3-View names the
+                                          acceptors it computes, X-SR3-Epoch its
+                                          configuration epoch. With ``view``: for a round
+                                          (409 "view" if they differ, 409 "epoch" with
+                                          ``epoch`` if the epochs do, 503 "syncing")
     POST   /v1/records/versions           {"keys": [...]} -> {"versions": {key: n},
                                           "ballots": {key: accepted ballot}}
-    POST   /v1/paxos/prepare/{key}?ballot=B&view=D    promise B -> the slot; 409
-                                          "preempted" with the ballot promised instead
-    POST   /v1/paxos/accept/{key}?ballot=B[&next=B2]&view=D   accept the value in the
-                                          body (a slot encoding) at B, promising B2
+    POST   /v1/paxos/prepare/{key}?ballot=B&view=D&epoch=E    promise B -> the slot;
+                                          409 "preempted" with the ballot promised
+                                          instead (409 "view" and "epoch" as above)
+    POST   /v1/paxos/accept/{key}?ballot=B[&next=B2]&view=D&epoch=E   accept the value
+                                          in the body (a slot encoding) at B, promising B2
     GET    /v1/refs                       chunk ids live records here reference (16 B each)
     GET    /v1/cluster, POST /v1/cluster/learn|prepare|accept, GET /v1/cluster/suspects
                                           the configuration, decided by the voters
@@ -113,6 +116,7 @@ __all__ = [
     "HEADER_CONTENT_BLAKE3",
     "HEADER_CONTENT_SHA256",
     "HEADER_CREDENTIAL",
+    "HEADER_EPOCH",
     "HEADER_FILE_SIZE",
     "HEADER_FILE_TAG",
     "HEADER_LINE_BYTES_MAX",
@@ -259,6 +263,8 @@ HEADER_VERSION = "X-SR3-Version"
 HEADER_REFS = "X-SR3-Refs"
 HEADER_STORED_BYTES = "X-SR3-Stored-Bytes"
 HEADER_VIEW = "X-SR3-View"
+# The configuration epoch the answering peer is at (record slots it serves).
+HEADER_EPOCH = "X-SR3-Epoch"
 # A scoped credential's claims (``ring.auth``); a file's size and time (``ring.fs_api``).
 HEADER_CREDENTIAL = "X-SR3-Credential"
 HEADER_FILE_SIZE = "X-SR3-File-Size"
@@ -307,17 +313,24 @@ def record_raw_path(key: str) -> str:
     return record_path(key)
 
 
-def record_round_path(key: str, view: str) -> str:
-    """A peer's slot for a proposer that computed the acceptors ``view`` names."""
-    return f"{record_path(key)}?view={view}"
+def _epoch(epoch: int | None) -> str:
+    return "" if epoch is None else f"&epoch={epoch}"
 
 
-def prepare_path(key: str, ballot: str, view: str) -> str:
-    return f"/v1/paxos/prepare/{key}?ballot={ballot}&view={view}"
+def record_round_path(key: str, view: str, epoch: int | None = None) -> str:
+    """A peer's slot for a proposer that computed the acceptors ``view`` names, under
+    the configuration ``epoch`` (every proposer sends it; a probe may leave it out)."""
+    return f"{record_path(key)}?view={view}{_epoch(epoch)}"
 
 
-def accept_path(key: str, ballot: str, view: str, following: str | None = None) -> str:
-    path = f"/v1/paxos/accept/{key}?ballot={ballot}&view={view}"
+def prepare_path(key: str, ballot: str, view: str, epoch: int | None = None) -> str:
+    return f"/v1/paxos/prepare/{key}?ballot={ballot}&view={view}{_epoch(epoch)}"
+
+
+def accept_path(
+    key: str, ballot: str, view: str, following: str | None = None, epoch: int | None = None
+) -> str:
+    path = f"/v1/paxos/accept/{key}?ballot={ballot}&view={view}{_epoch(epoch)}"
     return path if following is None else f"{path}&next={following}"
 
 
@@ -636,6 +649,8 @@ class RingDescription:
     write_quorum: int
     vnodes: int
     zone_aware: bool
+    # The configuration epoch the members are of (0: a peer before epochs).
+    epoch: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -647,6 +662,7 @@ class RingDescription:
             "write_quorum": self.write_quorum,
             "vnodes": self.vnodes,
             "zone_aware": self.zone_aware,
+            "epoch": self.epoch,
         }
 
     @classmethod
@@ -663,6 +679,7 @@ class RingDescription:
                 int(answer["write_quorum"]),
                 int(answer["vnodes"]),
                 bool(answer["zone_aware"]),
+                json_int(answer.get("epoch", 0), "epoch", VERSION_MAX),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed ring description: {exc!r}") from exc

@@ -42,7 +42,9 @@ from ring.placement import Member, Ring
 from ring.records import RECORD_BYTES_MAX, RecordStore
 from ring.transport import Transport
 
-__all__ = ["Acceptor", "AcceptorSettings", "Syncing", "ViewMismatch"]
+__all__ = [
+    "Acceptor", "AcceptorSettings", "EpochMismatch", "RoundView", "Syncing", "ViewMismatch",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,25 @@ RINGS_REMEMBERED_MAX = 16
 
 class ViewMismatch(SR3Error):
     """A proposer computed other acceptors for a key than this peer did (409 ``view``)."""
+
+
+class EpochMismatch(SR3Error):
+    """A round planned under another configuration epoch than this peer's (409 ``epoch``,
+    naming this peer's): the proposer refreshes its member table, or waits for this
+    peer to learn the newer one, and retries."""
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+
+@dataclass(frozen=True, slots=True)
+class RoundView:
+    """What a round's message says it was planned with: the digest of the key's
+    acceptors, and the configuration epoch (None: a probe that does not say)."""
+
+    digest: str
+    epoch: int | None = None
 
 
 class Syncing(SR3Error):
@@ -83,6 +104,7 @@ class Acceptor:
         clock: Callable[[], float],
         *,
         start_known: bool = False,
+        epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         self._me = me
         self._records = records
@@ -90,6 +112,8 @@ class Acceptor:
         self._transport = transport
         self._settings = settings
         self._clock = clock
+        # The configuration epoch this peer is at (``ring.metadata``).
+        self._epoch = epoch
         self._ring: Ring | None = None
         self._placement: tuple[Member, ...] | None = None
         # The rings that were current within the window, with when they stopped being
@@ -143,9 +167,16 @@ class Acceptor:
         self._history = [(at, ring) for at, ring in self._history if at >= horizon]
         return not self._history
 
-    def _check_view(self, key: str, view: str) -> None:
+    def _check_view(self, key: str, view: RoundView) -> None:
+        epoch = self._epoch()
+        if view.epoch is not None and view.epoch != epoch:
+            raise EpochMismatch(
+                f"record {key!r}: a round of configuration epoch {view.epoch} reached a peer "
+                f"at epoch {epoch}; refresh the member table and retry",
+                epoch,
+            )
         preferred = self.preferred(key)
-        if paxos.view_digest(preferred) != view or self._me not in preferred:
+        if paxos.view_digest(preferred) != view.digest or self._me not in preferred:
             raise ViewMismatch(
                 f"record {key!r}: this peer's member table names other acceptors "
                 f"({', '.join(preferred)}); refresh the member table and retry"
@@ -219,7 +250,11 @@ class Acceptor:
                     api.record_raw_path(key),
                     body_bytes_max=paxos.SLOT_BYTES_MAX,
                 )
-                if answer.headers.get(api.HEADER_VIEW) != mine:
+                # Counted only from a peer at this peer's epoch: it refuses rounds of
+                # the epochs before, so nothing can be chosen without it afterwards.
+                if answer.headers.get(api.HEADER_VIEW) != mine or answer.headers.get(
+                    api.HEADER_EPOCH
+                ) != str(self._epoch()):
                     return None
                 slot, _meta = paxos.decode_slot(answer.body, RECORD_BYTES_MAX)
             except (SR3Error, ProtocolError) as exc:
@@ -259,7 +294,7 @@ class Acceptor:
 
     # -- the acceptor's messages --------------------------------------------------------
 
-    async def read(self, key: str, view: str | None) -> Slot:
+    async def read(self, key: str, view: RoundView | None) -> Slot:
         """This peer's slot for a proposer (``view`` given: caught up first) or for a
         peer catching up (``view`` None: as it is, never waiting on others)."""
         if view is not None:
@@ -267,13 +302,13 @@ class Acceptor:
             await self._sync(key)
         return await self._records.slot(key)
 
-    async def prepare(self, key: str, ballot: Ballot, view: str) -> Slot | Preempted:
+    async def prepare(self, key: str, ballot: Ballot, view: RoundView) -> Slot | Preempted:
         self._check_view(key, view)
         await self._sync(key)
         return await self._records.prepare(key, ballot)
 
     async def accept(
-        self, key: str, ballot: Ballot, value: Value, following: Ballot | None, view: str
+        self, key: str, ballot: Ballot, value: Value, following: Ballot | None, view: RoundView
     ) -> Slot | Preempted:
         self._check_view(key, view)
         await self._sync(key)

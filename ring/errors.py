@@ -110,6 +110,7 @@ class QuorumError(SR3Error):
         super().__init__(f"{what}: {acks} of {needed} required replicas acknowledged ({detail})")
         self.acks = acks
         self.needed = needed
+        self.causes = list(causes)
 
 
 class RecordConflict(SR3Error):

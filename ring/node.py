@@ -269,6 +269,7 @@ class Node:
             ),
             clock=self.clocks.monotonic, wall_clock=self.clocks.wall, foreground=self.foreground,
         )  # fmt: skip
+        self._repairer.epoch = lambda: self.metadata.epoch
         self._scrubber = Scrubber(
             config.peer_id, self.chunks, self._table, self.ring, self.data_transport,
             replication=config.replication, rate_bytes_s=config.scrub_rate_bytes_s,
@@ -287,6 +288,7 @@ class Node:
                 sync_window_s=config.failure_timeout_s + 3 * config.repair_interval_s,
             ),
             self.clocks.monotonic,
+            epoch=lambda: self.metadata.epoch,
             # Away for less than the grace (and the ring known): nobody removed it, so
             # no key it answered for moved while it was down.
             start_known=(

@@ -32,7 +32,7 @@ from ring import api, codec, fs_api, paxos
 from ring.api import Route
 from ring.auth import ANY_TARGET, AuthFailure, Principal, Verifier
 from ring.cluster_http import cluster_routes
-from ring.consensus import Syncing, ViewMismatch
+from ring.consensus import EpochMismatch, RoundView, Syncing, ViewMismatch
 from ring.errors import (
     ChunkCorrupt,
     ChunkTooLarge,
@@ -125,6 +125,8 @@ def _translate(exc: Exception) -> web.Response:
         return _error(503, "leaving", str(exc))
     if isinstance(exc, ViewMismatch):
         return _error(409, "view", str(exc))
+    if isinstance(exc, EpochMismatch):
+        return _error(409, "epoch", str(exc), epoch=exc.epoch)
     if isinstance(exc, Syncing):
         return _error(503, "syncing", str(exc))
     if isinstance(exc, RecordConflict):
@@ -341,6 +343,7 @@ class Peer:
             config.write_quorum,
             config.vnodes,
             config.zone_aware,
+            self.node.metadata.epoch,
         )
         return web.json_response(description.to_json())
 
@@ -507,11 +510,13 @@ class Peer:
                 ballots[key] = accepted[0].wire()
         return web.json_response({"versions": versions, "ballots": ballots})
 
-    def _view_query(self, request: web.Request) -> str:
+    def _view_query(self, request: web.Request) -> RoundView:
         view = request.query.get("view", "")
         if not 0 < len(view) <= 16 or not view.isascii() or not view.isalnum():
             raise ProtocolError("view is the 16-hex-digit digest of the key's acceptors")
-        return view
+        raw = request.query.get("epoch")
+        epoch = None if raw is None else api.parse_int(raw, "epoch", None, api.VERSION_MAX)
+        return RoundView(view, epoch)
 
     async def get_record(self, request: web.Request) -> web.Response:
         key = validate_key(request.match_info["key"])
@@ -521,7 +526,10 @@ class Peer:
         return web.Response(
             body=paxos.encode_slot(slot),
             content_type="application/octet-stream",
-            headers={api.HEADER_VIEW: acceptor.digest(key)},
+            headers={
+                api.HEADER_VIEW: acceptor.digest(key),
+                api.HEADER_EPOCH: str(self.node.metadata.epoch),
+            },
         )
 
     async def prepare_record(self, request: web.Request) -> web.Response:

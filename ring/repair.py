@@ -102,6 +102,9 @@ class Repairer:
         self.table = table
         self.chunks = chunks
         self.records = records
+        # The configuration epoch this peer is at: its pushes are rounds' accepts, bound
+        # to it like a proposer's (set by ``ring.node``).
+        self.epoch: Callable[[], int] = lambda: 0
         self.hints = hints
         self._transport = transport
         self.settings = settings
@@ -338,7 +341,12 @@ class Repairer:
             answer = await self._transport.request(
                 member.address,
                 api.PAXOS_ACCEPT.method,
-                api.accept_path(key, slot.accepted.wire(), paxos.view_digest(preferred)),
+                api.accept_path(
+                    key,
+                    slot.accepted.wire(),
+                    paxos.view_digest(preferred),
+                    epoch=self.epoch(),
+                ),
                 body=paxos.encode_slot(slot),
                 ok=(200, 409),
             )

@@ -605,6 +605,31 @@ async def test_a_prepare_at_or_below_a_promise_is_preempted_naming_it(
         assert await _slot(probe, target, key) == Slot(higher)
 
 
+async def test_a_round_of_another_epoch_is_409_epoch_naming_the_peers_and_stores_nothing(
+    peer_stays_up: LocalCluster, target: str, rng: random.Random
+) -> None:
+    """Breaks: round reads, prepares and accepts that carry the right acceptors but a
+    configuration epoch one below or one above the peer's. Must hold: 409 "epoch" naming
+    the peer's epoch, no slot written; the same messages at the peer's epoch are taken."""
+    async with HttpProbe(peer_stays_up.secret) as probe:
+        key, view = await _key_on(probe, peer_stays_up, target, "epoch", rng)
+        ring = await probe.signed(target, "GET", api.RING.pattern)
+        epoch = ring.json()["epoch"]
+        assert epoch >= 1
+        body = _proposal(BALLOT, Value(1, b"v", op="01"))
+        for other in (epoch - 1, epoch + 1):
+            for method, path, sent in [
+                ("POST", api.accept_path(key, BALLOT.wire(), view, epoch=other), body),
+                ("POST", api.prepare_path(key, BALLOT.wire(), view, other), None),
+                ("GET", api.record_round_path(key, view, other), None),
+            ]:
+                error = await _refusal(await probe.signed(target, method, path, body=sent), "epoch")
+                assert error["epoch"] == epoch, error
+        assert await _slot(probe, target, key) == paxos.NOTHING
+        path = api.prepare_path(key, BALLOT.wire(), view, epoch)
+        assert (await probe.signed(target, "POST", path)).status == 200
+
+
 async def test_a_round_with_another_view_is_409_view_and_stores_nothing(
     peer_stays_up: LocalCluster, target: str, rng: random.Random
 ) -> None:

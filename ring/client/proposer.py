@@ -46,6 +46,14 @@ HELD_KEYS_MAX = 4096
 # still stand, and a slot collected since (a tombstone's TTL) must not take a stale value.
 HELD_FOR_S = 60.0
 SLOT_ANSWER_BYTES_MAX = paxos.SLOT_BYTES_MAX
+# How long an operation waits out acceptors that answer 503 "syncing" (catching up on
+# the key after a membership change) before it gives up with the QuorumError.
+TRANSIENT_WAIT_S = 10.0
+
+
+def _transient(causes: Sequence[str]) -> bool:
+    return any("503 syncing" in cause for cause in causes)
+
 
 # What ``step`` returns: the value to propose, and whether the operation succeeded.
 Step = Callable[[Value], tuple[Value, bool]]
@@ -59,6 +67,8 @@ class Acceptors:
     replication: int
     write_quorum: int
     view: str
+    # The configuration epoch the acceptors were computed under.
+    epoch: int = 0
 
     @property
     def promise_quorum(self) -> int:
@@ -71,7 +81,7 @@ class Acceptors:
         view = paxos.view_digest([member.peer_id for member in members])
         # A ring smaller than the group: every peer is an acceptor, and "all" (the fast
         # round) means all of them.
-        return cls(members, len(members), paxos.majority(len(members)), view)
+        return cls(members, len(members), paxos.majority(len(members)), view, ring_view.epoch)
 
 
 @dataclass(slots=True)
@@ -103,7 +113,8 @@ class _Held:
 
 
 class _Refresh(SR3Error):
-    """An acceptor computes other acceptors for the key: refresh the member table."""
+    """An acceptor computes other acceptors for the key, or is at another configuration
+    epoch: refresh the member table (or give the acceptor time to learn the newer one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +156,7 @@ class Proposer:
         causes: list[str] = []
         self.exposed = False
         mismatches = 0
+        deadline = self._view.clock() + TRANSIENT_WAIT_S
         for attempt in range(1, ROUND_ATTEMPTS_MAX + 1):
             acceptors = await self.acceptors(key, mismatches if refresh else 0)
             refresh = False
@@ -160,6 +172,14 @@ class Proposer:
                 refresh = True
                 mismatches += 1
                 outcome = None
+            except QuorumError as exc:
+                # Acceptors that are catching up after a membership change (503 syncing)
+                # answer within moments: wait them out, within TRANSIENT_WAIT_S.
+                if not _transient(exc.causes) or self._view.clock() >= deadline:
+                    raise
+                causes.append(str(exc))
+                await asyncio.sleep(self._backoff_s(attempt))
+                continue
             if outcome is None and not refresh:
                 outcome = await self._settled_by_others(key, acceptors, step)
             if outcome is not None:
@@ -174,8 +194,9 @@ class Proposer:
 
     async def acceptors(self, key: str, mismatches: int = 0) -> Acceptors:
         """The key's acceptors, from a member table refreshed after one acceptor named
-        others, and widened (the union of the tables every member serves) after two: a
-        seed that serves a partial table would otherwise be asked again."""
+        others (or another epoch), and from the newest configuration any peer serves
+        after two: a seed that has not learned the newest epoch would otherwise be asked
+        again."""
         if mismatches == 0:
             return Acceptors.of(await self._view.ring(), key)
         if mismatches == 1:
@@ -186,11 +207,11 @@ class Proposer:
 
     # -- reading slots ------------------------------------------------------------------
 
-    async def _slot_at(self, member: Member, key: str, view: str) -> Slot:
+    async def _slot_at(self, member: Member, key: str, acceptors: Acceptors) -> Slot:
         answer = await self._transport.request(
             member.address,
             api.RECORD_GET.method,
-            api.record_round_path(key, view),
+            api.record_round_path(key, acceptors.view, acceptors.epoch),
             body_bytes_max=SLOT_ANSWER_BYTES_MAX,
         )
         slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
@@ -208,7 +229,7 @@ class Proposer:
         result = await self._view.fan_out(
             acceptors.members,
             acceptors.replication,
-            lambda member, _hint: self._slot_at(member, key, acceptors.view),
+            lambda member, _hint: self._slot_at(member, key, acceptors),
             strict=True,
             early=Early(enough, grace_s=0.0, background=False),
             attempt_s=self._view.options.read_attempt_s,
@@ -296,12 +317,12 @@ class Proposer:
     # -- prepare ------------------------------------------------------------------------
 
     async def _prepare_at(
-        self, member: Member, key: str, ballot: Ballot, view: str
+        self, member: Member, key: str, ballot: Ballot, acceptors: Acceptors
     ) -> Slot | Preempted:
         answer = await self._transport.request(
             member.address,
             api.PAXOS_PREPARE.method,
-            api.prepare_path(key, ballot.wire(), view),
+            api.prepare_path(key, ballot.wire(), acceptors.view, acceptors.epoch),
             body_bytes_max=SLOT_ANSWER_BYTES_MAX,
             ok=(200, 409),
         )
@@ -322,7 +343,7 @@ class Proposer:
         result = await self._view.fan_out(
             acceptors.members,
             acceptors.replication,
-            lambda member, _hint: self._prepare_at(member, key, ballot, acceptors.view),
+            lambda member, _hint: self._prepare_at(member, key, ballot, acceptors),
             strict=True,
             early=Early(settled, grace_s=0.0, background=False),
             attempt_s=self._view.options.write_attempt_s,
@@ -347,13 +368,13 @@ class Proposer:
         key: str,
         ballot: Ballot,
         body: bytes,
-        view: str,
+        acceptors: Acceptors,
         following: str | None,
     ) -> bool | Preempted | _ViewRefused:
         answer = await self._transport.request(
             member.address,
             api.PAXOS_ACCEPT.method,
-            api.accept_path(key, ballot.wire(), view, following),
+            api.accept_path(key, ballot.wire(), acceptors.view, following, acceptors.epoch),
             body=body,
             ok=(200, 409),
         )
@@ -401,9 +422,7 @@ class Proposer:
         result = await self._view.fan_out(
             acceptors.members,
             acceptors.replication,
-            lambda member, _hint: self._accept_at(
-                member, key, ballot, body, acceptors.view, next_wire
-            ),
+            lambda member, _hint: self._accept_at(member, key, ballot, body, acceptors, next_wire),
             strict=True,
             early=Early(settled, grace_s=0.0, background=True),
             attempt_s=self._view.options.write_attempt_s,
@@ -448,7 +467,7 @@ class Proposer:
 def _refusal(body: bytes) -> Preempted:
     """A 409's ballot (pre-empted), or ``_Refresh`` (the acceptor names other peers)."""
     error = api.parse_error(body)
-    if error.code == "view":
+    if error.code in ("view", "epoch"):
         raise _Refresh(error.message)
     if error.code != "preempted":
         raise ProtocolError(f"unexpected 409 from an acceptor: {error.code}")

@@ -150,7 +150,7 @@ class RecordIO:
             chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
             if chosen is not None:
                 return chosen, True
-            if not any("409 view" in cause for cause in failed):
+            if not any("409 view" in c or "409 epoch" in c for c in failed):
                 break
         if not slots:
             raise DataUnavailable([key], causes, kind="record")

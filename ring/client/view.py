@@ -4,8 +4,8 @@ suspects down, and the fan-out of one operation over a key's replicas.
 The member table comes from any reachable seed (``GET /v1/ring``) and is cached for
 ``ring_refresh_s``. A peer that could not be reached is tried last for ``down_retry_s``.
 One peer's table can be partial (a peer that joined moments ago has not heard of every
-member yet), so after a miss ``wider_ring`` unions the tables that every known peer
-serves.
+member yet, or it has not learned the newest configuration), so after a miss
+``wider_ring`` asks every known peer and keeps the newest configuration served.
 
 A frozen peer (gray failure: it accepts connections but never answers) must not hold a
 call for the transport's read timeout. ``fan_out`` may return early: a write once W
@@ -41,7 +41,7 @@ __all__ = [
     "added_members",
     "hedge_delay_s",
     "parse_seeds",
-    "union_views",
+    "newest_view",
 ]
 
 T = TypeVar("T")
@@ -79,6 +79,8 @@ class RingView:
     # rounds use these, so that every proposer's quorums meet every other's.
     ring_replication: int = 0
     ring_write_quorum: int = 0
+    # The configuration epoch of these members: every record round carries it.
+    epoch: int = 0
 
     def record_quorums(self) -> tuple[int, int]:
         """A record's acceptors and the quorum of its rounds: ``2R - 1`` of the ring's
@@ -101,23 +103,10 @@ def parse_seeds(ring: str | Sequence[str]) -> tuple[str, ...]:
     return cleaned
 
 
-def union_views(views: Sequence[RingView], fetched_at: float) -> RingView:
-    """One view naming every member any of ``views`` names; a member is up if any view
-    has it up. Replication, quorum and vnodes are the first view's."""
-    members: dict[str, Member] = {}
-    states: dict[str, str] = {}
-    for view in views:
-        for member in view.ring.members:
-            members.setdefault(member.peer_id, member)
-            state = view.states.get(member.peer_id, "up")
-            if states.get(member.peer_id) != "up":
-                states[member.peer_id] = state
-    first = views[0]
-    ring = Ring.build(members.values(), vnodes=first.ring.vnodes, zone_aware=first.ring.zone_aware)
-    return RingView(
-        ring, first.replication, first.write_quorum, states, fetched_at,
-        first.ring_replication, first.ring_write_quorum,
-    )  # fmt: skip
+def newest_view(views: Sequence[RingView]) -> RingView:
+    """The view of the newest configuration among ``views`` (members are decided, one
+    epoch at a time: an older view is a subset in time, never a part to merge)."""
+    return max(views, key=lambda view: view.epoch)
 
 
 def added_members(seen: RingView, wider: RingView, key: str) -> list[Member]:
@@ -230,24 +219,28 @@ class RingTracker:
             await _cancel_all(running)
 
     async def wider_ring(self, seen: RingView) -> RingView | None:
-        """After data was on no member of ``seen``: the union of the member tables that
-        the seeds and every member of ``seen`` serve, if it names members ``seen`` lacks.
+        """After data was on no member of ``seen`` (or an acceptor was at another epoch):
+        the newest configuration the seeds and every member of ``seen`` serve, if it is
+        newer than ``seen`` or names members ``seen`` lacks.
 
-        A read that walks only a partial table's members misses data that sits on the
-        others. The union becomes this client's view. Widening asks every peer, so it
-        runs at most once per ``WIDEN_INTERVAL_S``; calls in between get its result."""
+        A peer that has not yet learned the newest epoch serves an older member set. The
+        newest becomes this client's view. Widening asks every peer, so it runs at most
+        once per ``WIDEN_INTERVAL_S``; calls in between get its result."""
         async with self._widening:
             if self._clock() - self._widened_at >= WIDEN_INTERVAL_S:
                 addresses = [*self.seeds, *(member.address for member in seen.ring.members)]
                 views = await self._ring_answers(list(dict.fromkeys(addresses)))
                 self._widened_at = self._clock()
                 if views:
-                    self._view = union_views(views, self._clock())
+                    newest = newest_view(views)
+                    if self._view is None or newest.epoch >= self._view.epoch:
+                        self._view = newest
             view = self._view
         if view is None:
             return None
         known = {member.peer_id for member in seen.ring.members}
-        return view if any(m.peer_id not in known for m in view.ring.members) else None
+        added = any(m.peer_id not in known for m in view.ring.members)
+        return view if added or view.epoch > seen.epoch else None
 
     async def _ring_answers(self, addresses: Sequence[str]) -> list[RingView]:
         slots = asyncio.Semaphore(WIDEN_CONCURRENCY)
@@ -287,7 +280,7 @@ class RingTracker:
             raise ConfigError(f"write quorum {write_quorum} must be in 1..R={replication}")
         return RingView(
             ring, replication, write_quorum, states, self._clock(),
-            description.replication, description.write_quorum,
+            description.replication, description.write_quorum, description.epoch,
         )  # fmt: skip
 
     # -- suspicion ----------------------------------------------------------------------
