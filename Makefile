@@ -5,9 +5,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+comma := ,
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint check bench clean jar
+.PHONY: install demo test lint check bench faults clean jar
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +39,16 @@ bench: install
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_repair.py
 	$(PY) benchmarks/bench_connector.py
+
+# The fault lab's scenarios (tests/faultlab.py) over many seeds and longer than `make test`
+# runs them, as root (network namespaces, nftables); report in benchmarks/results/faults.json.
+#   make faults [SR3_FAULT_SEEDS=20] [SR3_FAULT_SCALE=2] [SR3_FAULT_NEMESES=bridge,flapping]
+SR3_FAULT_SEEDS ?= 20
+SR3_FAULT_SCALE ?= 2
+SR3_FAULT_NEMESES ?=
+faults: install
+	$(PY) benchmarks/fault_runs.py --seeds $(SR3_FAULT_SEEDS) --scale $(SR3_FAULT_SCALE) \
+		$(foreach nemesis,$(subst $(comma), ,$(SR3_FAULT_NEMESES)),--nemesis $(nemesis))
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import math
 import random
 import signal
 import time
@@ -30,13 +29,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
-from linearizability import CheckResult, Kind, Operation, Outcome, Record, check_key
-from support import SEED, SEED_ENV, MakeCluster
+from histories import (
+    CALL_TIMEOUT_S,
+    Workload,
+    assert_linearizable,
+    run_clients,
+    summary,
+    timed_read,
+    verdicts,
+)
+from support import SEED, MakeCluster
 
 from ring import paxos
 from ring.client import Client
 from ring.client.proposer import Acceptors, Proposer
-from ring.errors import RecordConflict, SR3Error
+from ring.errors import RecordConflict
 from ring.paxos import Ballot, Slot
 from sr3.local import LocalCluster
 
@@ -50,161 +57,18 @@ PEER_FLAGS = [
     "--scrub-rate", "0",
 ]  # fmt: skip
 
-# One call bounded in time: past this it is recorded as unknown (it may still land).
-CALL_TIMEOUT_S = 30.0
-STEP_BUDGET = 20_000_000
 # Bounds of the history test: the nemesis script runs about NEMESIS_S, the clients stop
 # with it or at CALLS_MAX calls, whichever comes first.
 HISTORY_CLIENTS = 6
 HISTORY_KEYS = ("lin/a", "lin/b", "lin/c", "lin/d")
 NEMESIS_S = 75.0
 CALLS_MAX = 12_000
-# A client's pause between calls: paced so that the calls last through the nemesis script
-# (join and leave included) on a fast machine too, about 100 calls a second in all.
-CLIENT_PAUSE_S = (0.02, 0.08)
 # Impairments the nemesis applies one at a time; how long each lasts.
 KILL_S = (0.5, 6.0)
 FREEZE_S = (0.5, 4.0)
 PAUSE_S = (0.5, 2.5)
 LEAVE_TIMEOUT_S = 90.0
 RESTART_TIMEOUT_S = 60.0
-
-
-# -- recording a history ---------------------------------------------------------------
-
-
-@dataclass
-class Workload:
-    """The calls clients made (as checker operations) and what else was seen."""
-
-    keys: tuple[str, ...]
-    calls_max: int
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    history: list[Operation] = field(default_factory=list)
-    counts: collections.Counter[str] = field(default_factory=collections.Counter)
-    errors: collections.Counter[str] = field(default_factory=collections.Counter)
-    # Answers no register gives, seen directly (a CAS acknowledged at another version).
-    anomalies: list[str] = field(default_factory=list)
-    started_s: float = field(default_factory=time.monotonic)
-
-    def done(self) -> bool:
-        return self.stop.is_set() or len(self.history) >= self.calls_max
-
-    def now(self) -> float:
-        return time.monotonic() - self.started_s
-
-    def record(self, op: Operation) -> None:
-        self.history.append(op)
-        self.counts[f"{op.kind} {op.outcome}"] += 1
-
-
-def seen_record(value: object) -> tuple[int, Record | None]:
-    """The version a read found (to expect next) and what the model reads (None for
-    absent or deleted)."""
-    if value is None:
-        return 0, None
-    version: int = value.version  # type: ignore[attr-defined]
-    if value.deleted:  # type: ignore[attr-defined]
-        return version, None
-    return version, Record(version, value.value.decode())  # type: ignore[attr-defined]
-
-
-async def timed_read(client: Client, number: int, key: str, work: Workload) -> int | None:
-    """One read, recorded; the version it found (None when it failed: dropped)."""
-    invoke_s = work.now()
-    try:
-        async with asyncio.timeout(CALL_TIMEOUT_S):
-            value = await client.get_record(key, include_deleted=True)
-    except (SR3Error, TimeoutError) as exc:
-        work.errors[f"read {type(exc).__name__}"] += 1
-        work.counts["read failed"] += 1
-        return None
-    version, observed = seen_record(value)
-    work.record(Operation(number, key, "read", invoke_s, work.now(), "ok", observed=observed))
-    return version
-
-
-async def timed_change(
-    client: Client, number: int, key: str, expected: int, value: str | None, work: Workload
-) -> int | None:
-    """One compare-and-set write (``value``) or delete (None), recorded; the version the
-    register is known to hold after it (None when unknown)."""
-    kind: Kind = "delete" if value is None else "write"
-    invoke_s = work.now()
-    outcome: Outcome = "ok"
-    known: int | None = expected + 1
-    try:
-        async with asyncio.timeout(CALL_TIMEOUT_S):
-            if value is None:
-                version = await client.delete_record(key, expected_version=expected)
-            else:
-                version = await client.put_record(key, value.encode(), expected_version=expected)
-        if version != expected + 1:
-            work.anomalies.append(f"{kind} of {key} at {expected} acknowledged as {version}")
-    except RecordConflict as exc:
-        outcome, known = "fail", exc.current
-        if exc.current == expected:
-            work.anomalies.append(f"{kind} of {key} refused at its own version {expected}")
-    except (SR3Error, TimeoutError) as exc:
-        work.errors[f"{kind} {type(exc).__name__}"] += 1
-        outcome, known = "unknown", None
-    return_s = math.inf if outcome == "unknown" else work.now()
-    work.record(Operation(number, key, kind, invoke_s, return_s, outcome, expected, value))
-    return known
-
-
-async def client_loop(client: Client, number: int, rng: random.Random, work: Workload) -> None:
-    """Reads, writes and deletes on random keys until the workload is done. A write
-    expects the version this client last saw, now and then a guess around it."""
-    known: dict[str, int | None] = dict.fromkeys(work.keys)
-    serial = 0
-    while not work.done():
-        key = rng.choice(work.keys)
-        last = known[key]
-        roll = rng.random()
-        if last is None or roll < 0.35:
-            known[key] = await timed_read(client, number, key, work)
-            continue
-        expected = last if rng.random() < 0.8 else max(0, last + rng.choice([-1, 1, 2]))
-        serial += 1
-        value = None if roll > 0.88 and expected > 0 else f"c{number}.{serial}"
-        known[key] = await timed_change(client, number, key, expected, value, work)
-        await asyncio.sleep(rng.uniform(*CLIENT_PAUSE_S))
-
-
-async def run_clients(clients: Sequence[Client], rng: random.Random, work: Workload) -> None:
-    async with asyncio.TaskGroup() as group:
-        for number, client in enumerate(clients):
-            client_rng = random.Random(rng.randrange(2**32))
-            group.create_task(client_loop(client, number, client_rng, work))
-
-
-def verdicts(history: Sequence[Operation]) -> dict[str, CheckResult]:
-    by_key: dict[str, list[Operation]] = collections.defaultdict(list)
-    for op in history:
-        by_key[op.key].append(op)
-    return {key: check_key(ops, STEP_BUDGET) for key, ops in sorted(by_key.items())}
-
-
-def summary(work: Workload, results: dict[str, CheckResult]) -> str:
-    unknown = sum(1 for op in work.history if op.outcome == "unknown")
-    lines = [
-        f"seed {SEED} (replay with {SEED_ENV}={SEED}); {len(work.history)} calls checked "
-        f"in {work.now():.1f} s, {unknown} unknown",
-        f"outcomes: {dict(sorted(work.counts.items()))}",
-        f"errors: {dict(sorted(work.errors.items()))}",
-    ]
-    lines += [f"{key}: {result.verdict} in {result.steps} steps" for key, result in results.items()]
-    return "\n".join(lines)
-
-
-def assert_linearizable(work: Workload, results: dict[str, CheckResult]) -> None:
-    report = summary(work, results)
-    print(report)
-    assert not work.anomalies, f"{report}\n" + "\n".join(work.anomalies[:20])
-    for result in results.values():
-        # "unknown" (past the step budget) fails too: it proves nothing.
-        assert result.verdict == "ok", f"{report}\n{result.describe()}"
 
 
 # -- the nemesis -----------------------------------------------------------------------
