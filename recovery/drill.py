@@ -23,15 +23,20 @@ from recovery.auto import measured, verify_rate
 from recovery.cost import Choice, Network, Workload, choose
 from recovery.executor import RecoveryResult, locate, recover_blob
 from recovery.plan import TOPOLOGIES, Topology, parse_topology
+from ring import paxos
 from ring.blobs import BlobRef
 from ring.client import Client
+from ring.cluster import Configuration
 from ring.errors import ConfigError, DataUnavailable
 from ring.files import file_digest
+from ring.placement import Member
 
 __all__ = ["DrillOptions", "DrillReport", "TopologyResult", "run_drill", "write_plot"]
 
 MB = 1_000_000
 HEAL_TIMEOUT_S = 600.0
+# Voters are a function of the member set alone: any cluster id names the same ones.
+DRILL_CLUSTER = "0" * 32
 HEAL_POLL_S = 0.5
 WARM_UP_READS = 8
 PAGE_WARM_UP_PIECE_BYTES = 4 * 1024 * 1024
@@ -90,6 +95,9 @@ class DrillReport:
     auto: dict[str, Any]
     results: list[TopologyResult]
     chunks_lost_after_heal: int = 0
+    # False when the failed peers were a majority of the voters: the ring cannot decide
+    # their removal, so it does not heal until they come back (``healable``).
+    heal_possible: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +219,31 @@ def _median_entry(entries: Sequence[TopologyResult]) -> TopologyResult:
     return median
 
 
+def healable(members: Sequence[Member], victims: Sequence[str]) -> bool:
+    """Whether the ring can heal after losing ``victims``: removing a dead peer is a
+    decision of a majority of the voters (``ring.cluster``), so with a majority of them
+    dead placement stays as it is and nothing is re-replicated until they come back."""
+    voters = Configuration(DRILL_CLUSTER, 1, tuple(members)).voters()
+    dead = sum(1 for voter in voters if voter.peer_id in victims)
+    return len(voters) - dead >= paxos.majority(len(voters))
+
+
+async def _lost_without_healing(client: Client, timeout_s: float) -> int:
+    """Chunks no live peer holds, once every live peer finished two more repair rounds
+    (each audits what the records it coordinates reference) or ``timeout_s`` passed."""
+    started = time.monotonic()
+    first: dict[str, int] | None = None
+    while time.monotonic() - started < timeout_s:
+        status = await client.status()
+        rounds = {p.peer_id: p.repair_rounds or 0 for p in status.peers if p.state == "up"}
+        if first is None:
+            first = rounds
+        elif rounds and all(rounds[p] >= first.get(p, 0) + 2 for p in rounds):
+            return status.chunks_lost
+        await asyncio.sleep(HEAL_POLL_S)
+    return (await client.status()).chunks_lost
+
+
 async def _wait_heal(client: Client, timeout_s: float) -> tuple[float | None, int]:
     """Seconds until no chunk is under-replicated (None on timeout), and lost chunks."""
     started = time.monotonic()
@@ -305,7 +338,11 @@ async def run_drill(
         entry.chosen_by_auto = topology == choice.topology
         entry.estimated_s = round(estimates[topology].seconds, 3)
         results.append(entry)
-    heal_s, lost = await _wait_heal(client, options.heal_timeout_s)
+    heal_possible = healable(view.ring.members, victims)
+    if heal_possible:
+        heal_s, lost = await _wait_heal(client, options.heal_timeout_s)
+    else:
+        heal_s, lost = None, await _lost_without_healing(client, options.heal_timeout_s)
     return DrillReport(
         seed=options.seed, peers=len(peers), replication=view.replication, fail=options.fail,
         state_bytes=ref.size, failed_peers=victims,
@@ -320,5 +357,5 @@ async def run_drill(
             "reason": choice.reason,
             "estimates": [asdict(estimate) for estimate in choice.estimates],
         },
-        results=results, chunks_lost_after_heal=lost,
+        results=results, chunks_lost_after_heal=lost, heal_possible=heal_possible,
     )  # fmt: skip

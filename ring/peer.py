@@ -274,7 +274,10 @@ class Peer:
 
     async def health(self, request: web.Request) -> web.Response:
         ready = self.node.gossiper.ready.is_set()
-        members = len(self.node.table.placement())
+        # Members of the configuration this peer has heard from (a member the voters
+        # added moments ago is placed before its first heartbeat arrives here).
+        table = self.node.table
+        members = sum(1 for m in table.placement() if table.entry(m.peer_id) is not None)
         return web.json_response(
             {"status": "ok", "peer_id": self.config.peer_id, "ready": ready, "members": members}
         )

@@ -290,9 +290,9 @@ def resume(args: JobArgs, settings: Settings) -> int:
         sync.close()
     if restored is None or report is None:
         raise SR3Error(f"the ring holds no batch of query {args.query!r}")
-    # The restored query does not push: with two of five peers down, about three in ten
-    # record keys have two of their three replicas down and take no writes (W=2) until the
-    # dead peers leave placement (their removal grace), so pushes would only retry.
+    # The restored query does not push: the demo compares its output with a reference
+    # run's and has nothing more to keep (with two of five peers down the ring would take
+    # its pushes: every record has five acceptors, a majority of them up).
     begin = time.monotonic()
     resumed = _finish(
         _start_query(spark, args.input_dir, args.checkpoint_dir, args.output_dir, None), begin

@@ -113,6 +113,8 @@ def _print_drill(report: Any) -> None:
     console.print(table)
     console.print(f"* chosen by auto: {report.auto['reason']}", highlight=False)
     heal = "did not finish" if report.heal_s is None else f"{report.heal_s:.1f} s"
+    if not report.heal_possible:
+        heal = "not possible while a majority of the voters is down (no removal can be decided)"
     console.print(
         f"ring back to full replication after the recoveries: {heal}; "
         f"chunks lost: {report.chunks_lost_after_heal}",
