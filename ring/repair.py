@@ -294,9 +294,11 @@ class Repairer:
         holder of it sends it as an accept at that ballot (``RecordStore.accept``), which
         an acceptor takes only if it promised nothing higher, as if the proposer's own
         accept had arrived late. Slots are compared by accepted ballot (``_ranks``)."""
+        # A ring smaller than the group gives every record all of its members.
+        group = min(self.settings.record_group, len(ring))
         keys = self.records.keys()
         preference = {
-            key: tuple(m.peer_id for m in ring.preference_list(key, self.settings.record_group))
+            key: tuple(m.peer_id for m in ring.preference_list(key, group))
             for key in keys
         }
         asked: dict[str, list[str]] = {}
@@ -322,7 +324,7 @@ class Repairer:
                     await self.records.delete_local(key)
                 continue
             action = plan_record(
-                self.me, preference[key], versions[key], live, self.settings.record_group
+                self.me, preference[key], versions[key], live, group
             )
             report.records_under_replicated += bool(action.push_to)
             for peer_id in action.push_to:

@@ -507,6 +507,8 @@ class Report:
     duration_s: float = 0.0
     scale: float = 1.0
     home: str = ""
+    # The monotonic time events are counted from (the clients' lines carry raw times).
+    origin_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -516,7 +518,7 @@ class Report:
     def describe(self) -> str:
         lines = [
             f"{self.nemesis}, seed {self.seed} (scale {self.scale:g}): {self.duration_s:.1f} s; "
-            f"histories and logs in {self.home}",
+            f"histories and logs in {self.home}; times from monotonic {self.origin_s:.2f} s",
             *(f"  {at_s:6.2f} s {what}" for at_s, what in self.events),
         ]
         for side, phases in self.sides.items():
@@ -567,6 +569,7 @@ def judge(
         side_figures(seen, run.nemesis_s),
         {key: result.verdict for key, result in results.items()},
         home=str(run.home),
+        origin_s=origin_s,
     )
     report.violations += seen.anomalies
     for result in results.values():
