@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ring import api, paxos
+from ring.cluster import Configuration
 from ring.errors import ProtocolError, SR3Error
 from ring.membership import MemberTable
 from ring.paxos import Ballot, Preempted, Slot, Value
@@ -103,7 +104,7 @@ class Acceptor:
         settings: AcceptorSettings,
         clock: Callable[[], float],
         *,
-        start_known: bool = False,
+        history: Sequence[Configuration | None] = (),
         epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         self._me = me
@@ -114,35 +115,48 @@ class Acceptor:
         self._clock = clock
         # The configuration epoch this peer is at (``ring.metadata``).
         self._epoch = epoch
-        self._ring: Ring | None = None
-        self._placement: tuple[Member, ...] | None = None
+        placement = table().placement()
+        self._placement: tuple[Member, ...] | None = placement or None
+        self._ring: Ring | None = self._build(placement) if placement else None
         # The rings that were current within the window, with when they stopped being
-        # (None: unknown, what this peer missed while it was not running: it may have
-        # been away while others took its keys over). ``start_known``: it was away too
-        # briefly for that (less than the removal grace).
-        self._history: list[tuple[float, Ring | None]] = [] if start_known else [(clock(), None)]
+        # (None: unknown, epochs this peer missed). ``history``: the configurations that
+        # stopped being current within the window before this peer started (their window
+        # starts again now: their catch-ups may not have finished).
+        self._history: list[tuple[float, Ring | None]] = [
+            (clock(), None if config is None else self._build(config.members)) for config in history
+        ]
         self._synced: set[str] = set()
         self._syncing: dict[str, asyncio.Lock] = {}
         self.syncs = 0
 
     # -- who answers for a key ----------------------------------------------------------
 
+    def _build(self, members: Sequence[Member]) -> Ring:
+        settings = self._settings
+        return Ring.build(members, vnodes=settings.vnodes, zone_aware=settings.zone_aware)
+
     def ring(self) -> Ring:
         placement = self._table().placement()
         if self._ring is None or placement != self._placement:
-            if self._ring is not None:
-                self._history.append((self._clock(), self._ring))
-                if len(self._history) > RINGS_REMEMBERED_MAX:
-                    # Too many changes to keep each ring: forget them as unknown, so
-                    # every key is caught up on (slower, never wrong).
-                    self._history = [(self._clock(), None)]
-                self._synced.clear()
             self._placement = placement
-            settings = self._settings
-            self._ring = Ring.build(
-                placement, vnodes=settings.vnodes, zone_aware=settings.zone_aware
-            )
+            self._ring = self._build(placement)
         return self._ring
+
+    def learned(self, config: Configuration, gap: bool) -> None:
+        """A configuration was learned (``ring.metadata``, in epoch order): the ring
+        before it joins the window's history (None when epochs between were missed:
+        what they placed is unknown), so keys this peer gains are caught up on."""
+        if self._ring is not None and self._placement:
+            # The ring of the configuration before (``ring()`` would already place with
+            # the table's, which is the new one).
+            self._history.append((self._clock(), None if gap else self._ring))
+            if len(self._history) > RINGS_REMEMBERED_MAX:
+                # Too many changes to keep each ring: forget them as unknown, so every
+                # key is caught up on (slower, never wrong).
+                self._history = [(self._clock(), None)]
+            self._synced.clear()
+        self._placement = config.members
+        self._ring = self._build(config.members)
 
     def preferred(self, key: str) -> tuple[str, ...]:
         members = self.ring().preference_list(key, self._settings.group)

@@ -21,10 +21,12 @@ Files: ``<data>/cluster/config.json`` (``ClusterAnswer`` JSON) and
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
 import struct
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +83,7 @@ Refusal = Decided | Unready | NotVoter | Preempted
 
 
 class Metadata:
-    def __init__(self, root: Path, me: str) -> None:
+    def __init__(self, root: Path, me: str, wall_clock: Callable[[], float] = time.time) -> None:
         self._dir = root / "cluster"
         self._tmp = root / "tmp"
         self._me = me
@@ -97,6 +99,10 @@ class Metadata:
         # before it were missed.
         self.listeners: list[Callable[[Configuration, bool], None]] = []
         self.gaps = 0
+        # Wall time each kept configuration was learned here (saved: a restarted peer
+        # tells which configurations stopped being current shortly before it stopped).
+        self._wall_clock = wall_clock
+        self.learned_at: dict[int, float] = {}
 
     # -- files --------------------------------------------------------------------------
 
@@ -110,6 +116,7 @@ class Metadata:
                 log.error("ignoring the saved configuration %s: %s", self._saved.path, exc)
             else:
                 self.current, self.recent = answer.current, list(answer.recent)
+                self.learned_at = _learned_at(json.loads(self._saved.path.read_bytes()))
         if self._slot_path.exists():
             try:
                 data = self._slot_path.read_bytes()
@@ -121,6 +128,16 @@ class Metadata:
                 # disk fault; refusing to start would stall the ring less safely than
                 # promising nothing, which only this peer's own proposals rely on.
                 log.error("ignoring the corrupt acceptor state %s: %s", self._slot_path, exc)
+
+    def replaced_since(self, horizon: float) -> list[Configuration]:
+        """The kept configurations that stopped being current at or after ``horizon``
+        (wall time): their successor was learned then."""
+        chain = [*self.recent, *([self.current] if self.current else [])]
+        return [
+            config
+            for config, successor in itertools.pairwise(chain)
+            if self.learned_at.get(successor.epoch, float("-inf")) >= horizon
+        ]
 
     def answer(self) -> ClusterAnswer | None:
         if self.current is None:
@@ -192,6 +209,7 @@ class Metadata:
                     self.recent = [*self.recent, current][-RECENT_MAX:]
                 current = config
                 self.current = config
+                self.learned_at[config.epoch] = self._wall_clock()
                 if gap:
                     self.gaps += 1
                 for listener in self.listeners:
@@ -202,9 +220,11 @@ class Metadata:
                 current.epoch, len(current.members),
                 ", ".join(m.peer_id for m in current.members[:8]),
             )  # fmt: skip
-            self._saved.set(
-                json.dumps(ClusterAnswer(current, tuple(self.recent)).to_json()).encode()
-            )
+            kept = {c.epoch for c in self.recent} | {current.epoch}
+            self.learned_at = {e: at for e, at in self.learned_at.items() if e in kept}
+            saved = ClusterAnswer(current, tuple(self.recent)).to_json()
+            saved["learned_at"] = sorted(self.learned_at.items())
+            self._saved.set(json.dumps(saved).encode())
         await asyncio.to_thread(self._saved.flush)
         return True
 
@@ -264,3 +284,16 @@ class Metadata:
                 raise
             await asyncio.to_thread(write_file_atomic, self._tmp, self._slot_path, data)
         self._slot = (epoch, slot)
+
+
+def _learned_at(saved: object) -> dict[int, float]:
+    """The ``learned_at`` pairs of a saved configuration file (none when unreadable)."""
+    pairs = saved.get("learned_at", []) if isinstance(saved, dict) else []
+    if not isinstance(pairs, list):
+        return {}
+    return {
+        int(pair[0]): float(pair[1])
+        for pair in pairs
+        if isinstance(pair, list) and len(pair) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
+    }  # fmt: skip

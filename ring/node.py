@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -71,10 +70,6 @@ CONTROL_TIMEOUTS = TransportTimeouts(connect_s=1.0, read_s=3.0)
 EGRESS_BURST_BYTES = 64 * 1024
 # How often a member table or identity that could not be saved (full disk) is retried.
 SAVE_RETRY_INTERVAL_S = 2.0
-# The alive stamp's period, and the share of the removal grace a restarted peer may have
-# been away for and still take its record slots as current (ring.consensus).
-ALIVE_INTERVAL_S = 5.0
-ALIVE_AWAY_SHARE = 0.5
 
 
 def _saved_epoch(path: Path, peer_id: str) -> int:
@@ -116,19 +111,6 @@ def _load_members(path: Path) -> list[Entry]:
         return []
 
 
-def _away_s(path: Path, wall_clock: Callable[[], float]) -> float | None:
-    """Seconds since the alive stamp at ``path`` was written (None: none readable)."""
-    try:
-        stamp = json.loads(path.read_bytes())
-        at = float(stamp["at"]) if isinstance(stamp, dict) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if at is None or not math.isfinite(at):
-        return None
-    away_s = wall_clock() - at
-    return away_s if away_s >= 0 else None
-
-
 class Node:
     def __init__(self, config: PeerConfig, clocks: Clocks) -> None:
         self.config = config
@@ -149,7 +131,7 @@ class Node:
         )
         self.hints = HintStore(config.data_dir)
         # The cluster configuration this peer learned and its vote on the next one.
-        self.metadata = Metadata(config.data_dir, config.peer_id)
+        self.metadata = Metadata(config.data_dir, config.peer_id, clocks.wall)
         # Signatures carry unix time: the peers that check them compare it with theirs.
         self.data_transport = Transport(config.secret, clock=clocks.wall)
         self.control_transport = Transport(
@@ -173,9 +155,6 @@ class Node:
         self._members_file = PendingWrite(
             tmp_dir, config.data_dir / "members.json", "the member table"
         )
-        # When this peer was last running (wall time, every ALIVE_INTERVAL_S): a restart
-        # within the removal grace finds its keys where it left them (ring.consensus).
-        self._alive_file = PendingWrite(tmp_dir, config.data_dir / "alive.json", "the alive stamp")
         self.leaving = asyncio.Event()
         self.left = asyncio.Event()
         self.handover = HandOver(self.chunks, self.records)
@@ -237,7 +216,6 @@ class Node:
         self._table = MemberTable(me, self.clocks.monotonic, timeouts)
         self._table.configuration = self.metadata.current
         self.metadata.listeners.append(self._learned)
-        away_s = _away_s(self._alive_file.path, self.clocks.wall)
         self._table.merge(_load_members(self._members_file.path))
         self._gossiper = Gossiper(
             self._table,
@@ -280,28 +258,33 @@ class Node:
         # A peer that newly answers for a key catches up on it first, for as long as
         # repair may take to move records after a change: it notices the change within
         # the failure timeout and pushes within a round or two (ring.consensus).
+        sync_window_s = config.failure_timeout_s + 3 * config.repair_interval_s
         self._acceptor = Acceptor(
             config.peer_id, self.records, lambda: self.table, self.data_transport,
             AcceptorSettings(
                 group=paxos.record_group(config.replication), vnodes=config.vnodes,
                 zone_aware=config.zone_aware,
-                sync_window_s=config.failure_timeout_s + 3 * config.repair_interval_s,
+                sync_window_s=sync_window_s,
             ),
             self.clocks.monotonic,
             epoch=lambda: self.metadata.epoch,
-            # Away for less than the grace (and the ring known): nobody removed it, so
-            # no key it answered for moved while it was down.
-            start_known=(
-                self._members_file.path.exists()
-                and away_s is not None
-                and away_s < ALIVE_AWAY_SHARE * config.removal_grace_s
-            ),
+            history=self._history_at_start(sync_window_s),
         )  # fmt: skip
+        self.metadata.listeners.append(self._acceptor.learned)
         self._collector = ChunkCollector(
             config.peer_id, self._table, self.chunks, self.records, self.control_transport,
             GcSettings(config.gc_interval_s, config.gc_grace_s),
             self.clocks.monotonic, wall_clock=self.clocks.wall,
         )  # fmt: skip
+
+    def _history_at_start(self, window_s: float) -> list[Configuration | None]:
+        """What a starting peer may not have caught up on: the configurations replaced
+        within the catch-up window before it stopped (their catch-ups may not have
+        finished), or, with records but no configuration saved (written before
+        configurations existed), an unknown past."""
+        if self.metadata.current is None:
+            return [None] if self.records.keys() else []
+        return list(self.metadata.replaced_since(self.clocks.wall() - window_s))
 
     def _learned(self, config: Configuration, _gap: bool) -> None:
         self.table.configuration = config
@@ -343,20 +326,6 @@ class Node:
             clock=self.clocks.monotonic,
         )
 
-    async def _save_alive(self) -> None:
-        self._alive_file.set(json.dumps({"at": self.clocks.wall()}).encode())
-        await asyncio.to_thread(self._alive_file.flush)
-
-    async def _stamp_alive(self) -> None:
-        await run_periodic(
-            "stamping the alive file",
-            self._save_alive,
-            ALIVE_INTERVAL_S,
-            first_at_once=True,
-            tolerated=(SR3Error,),
-            clock=self.clocks.monotonic,
-        )
-
     async def emulate_latency(self) -> None:
         """Wait ``--added-latency`` (network emulation) before answering a data request."""
         if self.config.added_latency_ms > 0:
@@ -392,7 +361,6 @@ class Node:
             group.create_task(self._collect_when_ready())
             group.create_task(self._leave_when_asked())
             group.create_task(self._retry_saves())
-            group.create_task(self._stamp_alive())
 
     async def _join_overlay(self) -> None:
         assert self.overlay is not None

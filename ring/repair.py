@@ -298,8 +298,7 @@ class Repairer:
         group = min(self.settings.record_group, len(ring))
         keys = self.records.keys()
         preference = {
-            key: tuple(m.peer_id for m in ring.preference_list(key, group))
-            for key in keys
+            key: tuple(m.peer_id for m in ring.preference_list(key, group)) for key in keys
         }
         asked: dict[str, list[str]] = {}
         for key, peers in preference.items():
@@ -323,9 +322,7 @@ class Repairer:
                 if self.me not in preference[key]:
                     await self.records.delete_local(key)
                 continue
-            action = plan_record(
-                self.me, preference[key], versions[key], live, group
-            )
+            action = plan_record(self.me, preference[key], versions[key], live, group)
             report.records_under_replicated += bool(action.push_to)
             for peer_id in action.push_to:
                 await self._push_record(key, preference[key], members[peer_id], report)

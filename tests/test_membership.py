@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ring.api import member_table_body
 from ring.clock import Clocks
-from ring.cluster import Configuration
+from ring.cluster import ClusterAnswer, Configuration
 from ring.errors import ProtocolError
 from ring.membership import Entry, MemberTable, Timeouts
 from ring.node import Node
@@ -211,7 +210,8 @@ def node_table(tmp_path: Path, time: SteppedClocks) -> tuple[Node, MemberTable]:
     )  # fmt: skip
     node = Node(config, time.clocks)
     node.open()
-    node.table.configuration = configured("p1", "p2")
+    if node.table.configuration is None:
+        node.table.configuration = configured("p1", "p2")
     return node, node.table
 
 
@@ -271,31 +271,69 @@ async def test_durations_of_a_node_ignore_wall_steps_and_stored_times_use_wall(
     assert node.clock() == time.wall_now  # request signatures: compared across machines
 
 
+def save_configurations(data_dir: Path, learned_s_ago: float, wall_now: float) -> None:
+    """A saved configuration file: epoch 1 placed keys on p2 alone, epoch 2 (learned
+    ``learned_s_ago``) on p1 and p2, so p1 gained every key at epoch 2."""
+    answer = ClusterAnswer(configured("p1", "p2", epoch=2), (configured("p2", epoch=1),))
+    saved = {**answer.to_json(), "learned_at": [[2, wall_now - learned_s_ago]]}
+    (data_dir / "cluster").mkdir(parents=True, exist_ok=True)
+    (data_dir / "cluster" / "config.json").write_text(json.dumps(saved))
+
+
 @pytest.mark.parametrize(
-    ("away_s", "members_saved", "catches_up"),
+    ("case", "catches_up"),
     [
-        (None, False, True),  # a new peer: it may be joining a ring that holds its keys
-        (2.0, True, False),  # restarted within the grace: nobody took its keys over
-        (2.0, False, True),  # no member table saved: it cannot know what it missed
-        (40.0, True, True),  # away longer than the grace allows: it may have been removed
+        # A new data folder: not a member until it joins (then the epoch that adds it
+        # makes it catch up); nothing to catch up on at start.
+        ("fresh", False),
+        # Its configuration replaced the one before long ago: its catch-ups were done.
+        ("replaced_long_ago", False),
+        # Replaced within the window before it stopped: catch-ups may not have finished.
+        ("replaced_recently", True),
+        # Records written before configurations existed: what it missed is unknown.
+        ("records_without_configuration", True),
     ],
 )
-async def test_a_restarted_peer_catches_up_on_records_only_if_it_may_have_been_replaced(
-    tmp_path: Path, away_s: float | None, members_saved: bool, catches_up: bool
+async def test_a_restarted_peer_catches_up_only_on_what_may_have_moved_while_it_was_away(
+    tmp_path: Path, case: str, catches_up: bool
 ) -> None:
-    """Breaks: a peer starts with an alive stamp ``away_s`` old (or none) and a saved
-    member table (or none). Must hold: it catches up on a key before answering for it
-    exactly when it may have been out of the ring while others took its keys over (no
-    stamp, no table, or away for half the removal grace or more), and once the window
-    after its start has passed it no longer does."""
+    """Breaks: a peer starts with each kind of saved state. Must hold: it catches up on
+    a key before answering for it exactly when a configuration that placed the key
+    elsewhere was replaced within the catch-up window (or it cannot know), and once the
+    window after its start has passed it no longer does."""
     time = SteppedClocks()
-    if away_s is not None:
-        (tmp_path / "alive.json").write_text(json.dumps({"at": time.wall_now - away_s}))
-    if members_saved:
-        (tmp_path / "members.json").write_text(
-            json.dumps(member_table_body([entry("p1"), entry("p2")]))
-        )
+    if case == "replaced_long_ago":
+        save_configurations(tmp_path, 3600.0, time.wall_now)
+    elif case == "replaced_recently":
+        save_configurations(tmp_path, 2.0, time.wall_now)
+    elif case == "records_without_configuration":
+        old, _ = node_table(tmp_path / "old", time)
+        await old.records.accept("manifest/q/0", Ballot(1, "ab"), Value(1, b"v", op="01"))
+        (tmp_path / "old" / "cluster" / "config.json").unlink(missing_ok=True)
+        tmp_path = tmp_path / "old"
     node, _ = node_table(tmp_path, time)
     assert node.acceptor.needs_catch_up("manifest/q/1") is catches_up
     time.tick(5.0 + 3 * 10.0 + 1.0)  # failure timeout + 3 repair intervals, and a second
     assert node.acceptor.needs_catch_up("manifest/q/1") is False
+
+
+async def test_a_peer_that_gains_keys_by_a_decided_epoch_catches_up_on_them(
+    tmp_path: Path,
+) -> None:
+    """Breaks: p1, a member of epoch 1 with p2 and p3, learns epoch 2 where p3 left, then
+    epoch 4 (epoch 3 missed). Must hold: keys it newly answers for at epoch 2 need a
+    catch-up and keys it answered for before do not; after the missed epoch every key
+    does (what epoch 3 placed is unknown)."""
+    time = SteppedClocks()
+    node, _ = node_table(tmp_path, time)
+    await node.metadata.learn([configured("p1", "p2", "p3", "p4", "p5", "p6", "p7")])
+    keys = [f"k/{index}" for index in range(200)]
+    before = {key for key in keys if "p1" in node.acceptor.preferred(key)}
+    await node.metadata.learn([configured("p1", "p2", "p4", "p5", "p6", "p7", epoch=2)])
+    after = {key for key in keys if "p1" in node.acceptor.preferred(key)}
+    gained = after - before
+    assert gained and before & after
+    assert all(node.acceptor.needs_catch_up(key) for key in gained)
+    assert not any(node.acceptor.needs_catch_up(key) for key in before & after)
+    await node.metadata.learn([configured("p1", "p2", "p4", "p5", "p6", "p7", epoch=4)])
+    assert all(node.acceptor.needs_catch_up(key) for key in after)
