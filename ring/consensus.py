@@ -254,7 +254,12 @@ class Acceptor:
         groups = self._sources(key)
         needed = [({m.peer_id for m in group}, paxos.majority(len(group))) for group in groups]
         members = {m.peer_id: m for group in groups for m in group if m.peer_id != self._me}
-        asked = sorted(members)
+        # A peer that announced ``left`` handed every slot over to all of the key's
+        # acceptors after it (this peer among them, or their group is a source too): it
+        # counts as having answered, with nothing this peer lacks.
+        table = self._table()
+        handed_over = {p for p in members if table.entry(p) and table.liveness(p) == "left"}
+        asked = sorted(members.keys() - handed_over)
 
         async def ask(member: Member) -> Slot | None:
             try:
@@ -279,7 +284,8 @@ class Acceptor:
         slots: dict[str, Slot] = {}
 
         def satisfied() -> bool:
-            return all(len(group & slots.keys()) >= count for group, count in needed)
+            answered = slots.keys() | handed_over
+            return all(len(group & answered) >= count for group, count in needed)
 
         tasks = {asyncio.create_task(ask(members[peer_id])): peer_id for peer_id in asked}
         try:

@@ -51,7 +51,7 @@ SLOT_ANSWER_BYTES_MAX = paxos.SLOT_BYTES_MAX
 TRANSIENT_WAIT_S = 10.0
 
 
-def _transient(causes: Sequence[str]) -> bool:
+def transient_failure(causes: Sequence[str]) -> bool:
     return any("503 syncing" in cause for cause in causes)
 
 
@@ -175,7 +175,7 @@ class Proposer:
             except QuorumError as exc:
                 # Acceptors that are catching up after a membership change (503 syncing)
                 # answer within moments: wait them out, within TRANSIENT_WAIT_S.
-                if not _transient(exc.causes) or self._view.clock() >= deadline:
+                if not transient_failure(exc.causes) or self._view.clock() >= deadline:
                     raise
                 causes.append(str(exc))
                 await asyncio.sleep(self._backoff_s(attempt))

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from ring import api, paxos
 from ring.client.chunks import first_error
 from ring.client.options import RecordScan, RecordValue, ScannedRecord
-from ring.client.proposer import Acceptors, Proposer
+from ring.client.proposer import (
+    BACKOFF_S_MAX,
+    BACKOFF_S_MIN,
+    TRANSIENT_WAIT_S,
+    Acceptors,
+    Proposer,
+    transient_failure,
+)
 from ring.client.view import RingTracker, RingView
 from ring.errors import (
     DataUnavailable,
@@ -40,6 +47,8 @@ __all__ = ["RecordIO", "ScanVerdict", "scan_verdicts"]
 # A read asks again with a refreshed member table at most this many times when an
 # acceptor computes other acceptors for the key.
 READ_REFRESHES_MAX = 2
+# Slot reads one read may take, refreshes and waits for acceptors catching up included.
+READ_ATTEMPTS_MAX = 16
 # Operation ids, as ``Proposer.new_op`` makes them.
 OP_PATTERN = re.compile(r"^[0-9a-f]{24}$")
 
@@ -143,14 +152,23 @@ class RecordIO:
         acceptors answered for a round, so the value at the highest accepted ballot among
         those that did)."""
         causes: list[str] = []
-        for attempt in range(READ_REFRESHES_MAX + 1):
-            acceptors = await self.proposer.acceptors(key, attempt)
+        refreshes = 0
+        deadline = self._view.clock() + TRANSIENT_WAIT_S
+        for attempt in range(1, READ_ATTEMPTS_MAX + 1):
+            acceptors = await self.proposer.acceptors(key, refreshes)
             slots, failed = await self.proposer.read_slots(key, acceptors)
             causes += failed
             chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
             if chosen is not None:
                 return chosen, True
-            if not any("409 view" in c or "409 epoch" in c for c in failed):
+            if any("409 view" in c or "409 epoch" in c for c in failed):
+                refreshes += 1
+                if refreshes > READ_REFRESHES_MAX:
+                    break
+            elif transient_failure(failed) and self._view.clock() < deadline:
+                # Acceptors catching up after a membership change answer in moments.
+                await asyncio.sleep(min(BACKOFF_S_MAX, BACKOFF_S_MIN * 2**attempt))
+            else:
                 break
         if not slots:
             raise DataUnavailable([key], causes, kind="record")
