@@ -15,6 +15,13 @@ every violation and harness error with the scenario seed that replays it::
 A run that found something keeps its histories and logs (under ``--work``, printed); the
 others are deleted. Seeds: run ``i`` of a nemesis draws its scenario seed from the base
 seed (``--seed``, else ``SR3_TEST_SEED``, else a fresh one), the nemesis and ``i``.
+SIGTERM (or Ctrl-C) tears the current lab down before exiting.
+
+The peers and clients run the ``ring`` and ``sr3`` that Python finds, this checkout's
+unless ``PYTHONPATH`` names another: to test one commit while the tree changes, extract
+it (``git archive``) and run its copy of this script with ``PYTHONPATH`` set to it. The
+report names the commit (``--commit``, else ``git rev-parse``, marked dirty when
+``ring/``, ``recovery/`` or ``sr3/`` have changes).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import os
 import platform
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +48,8 @@ sys.path.insert(0, str(TESTS))  # the scenario code, imported by name as the tes
 from faultlab import NEMESES, FaultLabError, Report, run_scenario  # noqa: E402
 from netlab import NetLabError, netlab_unavailable  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 SEEDS_DEFAULT = 20
 SCALE_DEFAULT = 2.0
 FIGURE_NAMES = (
@@ -113,6 +123,32 @@ def run_nemesis(
     return reports, errors
 
 
+def commit_of(root: Path) -> str:
+    """The checkout's commit, "+dirty" when the code under test has changes; "unknown"
+    outside a git checkout (an extracted copy: pass ``--commit``)."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+        changes = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "ring", "recovery", "sr3"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}+dirty" if changes else head
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM ends the run as Ctrl-C does: the lab in use is torn down on the way out."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--seeds", type=int, default=SEEDS_DEFAULT, help="runs per nemesis")
@@ -122,6 +158,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scenario-seed", type=int, help="run exactly this scenario seed")
     parser.add_argument("--out", type=Path, default=RESULTS / "faults.json")
     parser.add_argument("--work", type=Path, help="where runs keep their files")
+    parser.add_argument("--commit", help="the commit under test (default: from git)")
     options = parser.parse_args(argv)
     if options.seeds < 1 or options.scale < 1:
         parser.error("--seeds is at least 1 and --scale at least 1 (the cut outlasts the grace)")
@@ -130,6 +167,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     options = parse(argv)
+    stop_on_sigterm()
     reason = netlab_unavailable()
     if reason is not None:
         print(f"the network lab cannot run here: {reason}", file=sys.stderr)
@@ -151,6 +189,7 @@ def main(argv: list[str]) -> int:
         summary[nemesis] = summarize(reports, errors)
     report = {
         "generated": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": options.commit or commit_of(ROOT),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "base_seed": base,
         "seeds_per_nemesis": 1 if options.scenario_seed is not None else options.seeds,
