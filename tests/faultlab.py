@@ -10,12 +10,13 @@ metadata"). Those are promises about many machines, so they are tested on many h
 ``benchmarks/fault_runs.py`` runs them over many seeds, longer, into a JSON report.
 
 Hosts: 0-4 are the peers (``peer-1`` .. ``peer-5``; host 0 founds the ring, the others
-join through hosts 0 and 1, as ``sr3.local.peer_command`` starts them), 5 and 6 the
-clients (``tests/fault_client.py``, two clients each), one on each side of a partition:
-side ``a`` (host 5) is with the majority, side ``b`` (host 6) with the minority or the
-other side. A run: start the peers, wait until each places all five, start the clients,
-let them run ``WARMUP_S``, apply the nemesis (it heals what it broke before it returns),
-let the clients run ``RECOVERY_S`` more, then stop them: each client then reads every key.
+join through hosts 0 and 1 once it listens, as ``sr3.local.peer_command`` starts them),
+5 and 6 the clients (``tests/fault_client.py``, two clients each), one on each side of
+a partition: side ``a`` (host 5) is with the majority, side ``b`` (host 6) with the
+minority or the other side. A run: start the peers, wait until each counts all five,
+start the clients, let them run ``WARMUP_S``, apply the nemesis (it heals what it broke
+before it returns), let the clients run ``RECOVERY_S`` more, then stop them: each client
+then reads every key.
 
 Nemeses (durations at ``scale`` 1; a longer run multiplies them):
 
@@ -43,6 +44,8 @@ jump alone; that needs an injected clock in the peer instead.
 
 What must hold, for every nemesis (``judge``):
 
+- the ring is ready within ``READY_WAIT_S`` of its start (every peer counting all five
+  members), else that is the run's one finding;
 - every key's history (both sides, final reads included) is linearizable
   (``linearizability.check_key``); no write is acknowledged at a version other than
   its expected one plus one, no conflict names the expected version;
@@ -80,7 +83,7 @@ from typing import Any
 
 from histories import Call, call_from_json, verdicts
 from linearizability import Operation
-from netlab import NetLab
+from netlab import NetLab, NetLabError
 
 from ring.auth import generate_secret
 from ring.config import ClusterFile, ClusterPeer
@@ -139,6 +142,7 @@ PAUSE_S = 3.0
 FOUNDER_LATE_S = 3.0
 LATE_FOUNDER_S = 10.0
 
+PHASES = ("before", "during", "after", "final")
 MAJORITY_DECIDED_MIN = 0.99
 # Outcomes a quorum decided but the writer cannot tell: its write was pre-empted by
 # other writers (who then wrote on), not refused for want of acceptors. Four clients on
@@ -204,14 +208,26 @@ class Run:
             log_path=self.home / f"{peer.peer_id}.log",
         )
 
-    def wait_ready(self) -> None:
-        """Every peer ready and placing all five, as seen from client host ``a``."""
+    def wait_listening(self, index: int) -> None:
+        try:
+            self.lab.wait_listening(SIDE_HOSTS["a"], index, PEER_PORT, wait_s=READY_WAIT_S)
+        except NetLabError as exc:
+            raise FaultLabError(f"{peer_id(index)} not listening: {exc}\n{self.logs()}") from exc
+
+    def wait_ready(self) -> str | None:
+        """Wait until every peer is ready and counts all five members, as seen from client
+        host ``a``; None once they are, else what the wait saw. A peer that exited is
+        the lab's failure (FaultLabError), not a finding."""
         addresses = ",".join(self.cluster.addresses)
         command = [sys.executable, str(CLIENT_SCRIPT), "ready", "--ring", addresses]
         command += ["--members", str(PEERS), "--wait-s", str(READY_WAIT_S)]
         done = self.lab.run(SIDE_HOSTS["a"], command, timeout_s=READY_WAIT_S + 20)
-        if done.returncode != 0:
-            raise FaultLabError(f"peers not ready: {done.stdout}{done.stderr}\n{self.logs()}")
+        if done.returncode == 0:
+            return None
+        exited = [peer_id(i) for i, process in self.peers.items() if process.poll() is not None]
+        if exited:
+            raise FaultLabError(f"{', '.join(exited)} exited while starting\n{self.logs()}")
+        return f"{done.stdout.strip()} {done.stderr.strip()[-500:]}"
 
     def kill(self, index: int) -> None:
         self.note(f"SIGKILL {peer_id(index)}")
@@ -391,8 +407,12 @@ def late_founder(run: Run, scale: float) -> None:
     time.sleep(LATE_FOUNDER_S * scale)
 
 
-def start_together(run: Run) -> None:
-    for index in range(PEERS):
+def start_founder_first(run: Run) -> None:
+    """The founder, then the others once it listens: their first contact with it must
+    not be refused (``late-founder`` is that fault, on its own)."""
+    run.start_peer(0)
+    run.wait_listening(0)
+    for index in range(1, PEERS):
         run.start_peer(index)
 
 
@@ -435,8 +455,12 @@ def run_scenario(nemesis: str, seed: int, home: Path, *, scale: float = 1.0) -> 
     started_s = time.monotonic()
     with NetLab(HOSTS) as lab:
         run = Run(lab, home, rng)
-        STARTS.get(nemesis, start_together)(run)
-        run.wait_ready()
+        STARTS.get(nemesis, start_founder_first)(run)
+        not_ready = run.wait_ready()
+        if not_ready is not None:
+            report = never_ready(nemesis, seed, run, not_ready, time.monotonic() - started_s)
+            report.scale = scale
+            return report
         clients = run.start_clients(rng.randrange(2**31))
         origin_s = time.monotonic()
         time.sleep(WARMUP_S)
@@ -451,6 +475,24 @@ def run_scenario(nemesis: str, seed: int, home: Path, *, scale: float = 1.0) -> 
     report = judge(nemesis, seed, run, lines, origin_s)
     report.duration_s = time.monotonic() - started_s
     report.scale = scale
+    return report
+
+
+def never_ready(nemesis: str, seed: int, run: Run, seen: str, duration_s: float) -> Report:
+    """The report of a run whose ring never became ready: that alone is the finding."""
+    sides = {side: {phase: SideFigures() for phase in PHASES} for side in SIDE_HOSTS}
+    report = Report(nemesis, seed, [], sides, {}, home=str(run.home), duration_s=duration_s)
+    epochs = collections.Counter(
+        line.split("configuration epoch ")[1].split(":")[0]
+        for log in sorted(run.home.glob("peer-*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if "configuration epoch " in line
+    )
+    report.figures["configurations decided while starting"] = len(epochs)
+    report.violations.append(
+        f"the ring was not ready {READY_WAIT_S:.0f} s after its peers started (every peer "
+        f"ready and counting {PEERS} members), with {len(epochs)} configurations decided: {seen}"
+    )
     return report
 
 
@@ -522,6 +564,8 @@ class Report:
             *(f"  {at_s:6.2f} s {what}" for at_s, what in self.events),
         ]
         for side, phases in self.sides.items():
+            if not any(figures.calls for figures in phases.values()):
+                continue
             for phase, figures in phases.items():
                 lines.append(
                     f"  side {side} {phase:>6}: {figures.calls} calls, {figures.answered} "
@@ -530,7 +574,8 @@ class Report:
                     f"{figures.unknown} unknown, {figures.failed_reads} failed reads; "
                     f"{figures.unavailable} unavailable"
                 )
-        lines.append(f"  verdicts: {self.verdicts}")
+        if self.verdicts:
+            lines.append(f"  verdicts: {self.verdicts}")
         lines += [f"  {name}: {value}" for name, value in self.figures.items()]
         lines += [f"VIOLATION {text}" for text in self.violations]
         return "\n".join(lines)
@@ -586,8 +631,7 @@ def judge(
 def side_figures(seen: Seen, nemesis_s: tuple[float, float]) -> dict[str, dict[str, SideFigures]]:
     """Per side, per phase: before the nemesis, during it, after it, final reads."""
     figures: dict[str, dict[str, SideFigures]] = {
-        side: {phase: SideFigures() for phase in ("before", "during", "after", "final")}
-        for side in SIDE_HOSTS
+        side: {phase: SideFigures() for phase in PHASES} for side in SIDE_HOSTS
     }
     for side, phase, call in seen.calls:
         figures[side][phase_of(phase, call, nemesis_s)].add(call)
