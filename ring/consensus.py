@@ -34,7 +34,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ring import api, paxos
+from ring import api, paxos, records_api
 from ring.cluster import Configuration
 from ring.errors import ProtocolError, SR3Error
 from ring.membership import MemberTable
@@ -266,7 +266,7 @@ class Acceptor:
                 answer = await self._transport.request(
                     member.address,
                     api.RECORD_GET.method,
-                    api.record_raw_path(key),
+                    records_api.record_raw_path(key),
                     body_bytes_max=paxos.SLOT_BYTES_MAX,
                 )
                 # Counted only from a peer at this peer's epoch: it refuses rounds of

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["PeerMetrics"]
+if TYPE_CHECKING:
+    from ring.node import Node
+
+__all__ = ["PeerMetrics", "watch_node"]
 
 
 class PeerMetrics:
@@ -50,3 +54,59 @@ class PeerMetrics:
 
     def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         Gauge(name, documentation, registry=self.registry).set_function(read)
+
+
+def watch_node(metrics: PeerMetrics, node: Node) -> None:
+    """The gauges that read a node's stores and loops when scraped."""
+    gauge = metrics.gauge
+    gauge("sr3_peer_chunks", "Chunks stored.", lambda: node.chunks.stats().chunk_count)
+    gauge("sr3_peer_stored_bytes", "Stored bytes.", lambda: node.chunks.stats().stored_bytes)
+    gauge("sr3_peer_records", "Records stored.", node.records.count)
+    gauge(
+        "sr3_peer_record_catch_ups",
+        "Record slots this peer caught up on from others before answering a round.",
+        lambda: node.acceptor.syncs,
+    )
+    gauge("sr3_peer_hints_pending", "Hinted chunks not yet handed back.", lambda: len(node.hints))
+    gauge("sr3_peer_members_up", "Members this peer sees up.", lambda: len(node.table.live()))
+    gauge("sr3_repair_rounds", "Repair rounds finished.", lambda: node.repairer.rounds)
+    gauge(
+        "sr3_repair_chunks_under_replicated",
+        "Chunks this peer coordinates that have fewer than R live replicas (last round).",
+        lambda: node.repairer.last.chunks_under_replicated if node.repairer.last else 0,
+    )
+    gauge(
+        "sr3_repair_chunks_lost",
+        "Referenced chunks no live peer holds (last round).",
+        lambda: node.repairer.last.chunks_lost if node.repairer.last else 0,
+    )
+    gauge(
+        "sr3_repair_bytes_pushed",
+        "Bytes copied by repair.",
+        lambda: node.repairer.totals.bytes_pushed,
+    )
+    gauge(
+        "sr3_repair_extra_copies_deleted",
+        "Extra copies collected by repair.",
+        lambda: node.repairer.totals.extra_copies_deleted,
+    )
+    gauge(
+        "sr3_scrub_bytes_verified",
+        "Bytes re-verified by the scrubber.",
+        lambda: node.scrubber.stats.bytes_verified,
+    )
+    gauge(
+        "sr3_scrub_repaired",
+        "Corrupt chunks the scrubber restored.",
+        lambda: node.scrubber.stats.repaired,
+    )
+    gauge(
+        "sr3_gc_chunks_collected",
+        "Unreferenced chunks deleted by chunk collection.",
+        lambda: node.collector.totals.chunks_collected,
+    )
+    gauge(
+        "sr3_gc_bytes_collected",
+        "Stored bytes freed by chunk collection.",
+        lambda: node.collector.totals.bytes_collected,
+    )

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ring import api, codec, fs_api, paxos
+from ring import api, codec, fs_api, paxos, records_api
 from ring.api import Route
 from ring.auth import ANY_TARGET, AuthFailure, Principal, Verifier
 from ring.cluster_http import cluster_routes
@@ -41,7 +41,7 @@ from ring.errors import (
     SR3Error,
     StorageFull,
 )
-from ring.metrics import PeerMetrics
+from ring.metrics import PeerMetrics, watch_node
 from ring.node import Node
 from ring.paxos import Ballot, Preempted
 from ring.peer_config import PeerConfig
@@ -162,64 +162,7 @@ class Peer:
         self.addresses = frozenset({config.address, f"{config.host}:{config.port}"})
         self.metrics = PeerMetrics()
         self.chunks.on_corrupt = lambda _chunk_id, _reason: self.metrics.chunks_corrupt.inc()
-        self._gauges()
-
-    def _gauges(self) -> None:
-        node = self.node
-        gauge = self.metrics.gauge
-        gauge("sr3_peer_chunks", "Chunks stored.", lambda: self.chunks.stats().chunk_count)
-        gauge("sr3_peer_stored_bytes", "Stored bytes.", lambda: self.chunks.stats().stored_bytes)
-        gauge("sr3_peer_records", "Records stored.", self.records.count)
-        gauge(
-            "sr3_peer_record_catch_ups",
-            "Record slots this peer caught up on from others before answering a round.",
-            lambda: node.acceptor.syncs,
-        )
-        gauge(
-            "sr3_peer_hints_pending", "Hinted chunks not yet handed back.", lambda: len(node.hints)
-        )
-        gauge("sr3_peer_members_up", "Members this peer sees up.", lambda: len(node.table.live()))
-        gauge("sr3_repair_rounds", "Repair rounds finished.", lambda: node.repairer.rounds)
-        gauge(
-            "sr3_repair_chunks_under_replicated",
-            "Chunks this peer coordinates that have fewer than R live replicas (last round).",
-            lambda: node.repairer.last.chunks_under_replicated if node.repairer.last else 0,
-        )
-        gauge(
-            "sr3_repair_chunks_lost",
-            "Referenced chunks no live peer holds (last round).",
-            lambda: node.repairer.last.chunks_lost if node.repairer.last else 0,
-        )
-        gauge(
-            "sr3_repair_bytes_pushed",
-            "Bytes copied by repair.",
-            lambda: node.repairer.totals.bytes_pushed,
-        )
-        gauge(
-            "sr3_repair_extra_copies_deleted",
-            "Extra copies collected by repair.",
-            lambda: node.repairer.totals.extra_copies_deleted,
-        )
-        gauge(
-            "sr3_scrub_bytes_verified",
-            "Bytes re-verified by the scrubber.",
-            lambda: node.scrubber.stats.bytes_verified,
-        )
-        gauge(
-            "sr3_scrub_repaired",
-            "Corrupt chunks the scrubber restored.",
-            lambda: node.scrubber.stats.repaired,
-        )
-        gauge(
-            "sr3_gc_chunks_collected",
-            "Unreferenced chunks deleted by chunk collection.",
-            lambda: node.collector.totals.chunks_collected,
-        )
-        gauge(
-            "sr3_gc_bytes_collected",
-            "Stored bytes freed by chunk collection.",
-            lambda: node.collector.totals.bytes_collected,
-        )
+        watch_node(self.metrics, node)
 
     # -- middleware ---------------------------------------------------------------------
 
@@ -460,7 +403,7 @@ class Peer:
         if not 0 < limit <= api.LIST_LIMIT_MAX:
             raise ProtocolError(f"limit must be between 1 and {api.LIST_LIMIT_MAX}")
         if _flag_query(request, "scan"):
-            return web.json_response(api.scan_answer(self._scan(request, prefix, limit)))
+            return web.json_response(records_api.scan_answer(self._scan(request, prefix, limit)))
         entries = self.records.list(prefix, limit, include_deleted=_flag_query(request, "deleted"))
         return web.json_response(
             {
@@ -471,11 +414,16 @@ class Peer:
             }
         )
 
-    def _scan(self, request: web.Request, prefix: str, limit: int) -> api.ScanAnswer:
+    def _scan(self, request: web.Request, prefix: str, limit: int) -> records_api.ScanAnswer:
         after = request.query.get("after", "")
-        if len(after) > api.KEY_QUERY_CHARS_MAX or len(prefix) > api.KEY_QUERY_CHARS_MAX:
-            raise ProtocolError(f"prefix and after are at most {api.KEY_QUERY_CHARS_MAX} chars")
-        head_bytes = _int_query(request, "head", 0, api.SCAN_HEAD_BYTES_MAX)
+        if (
+            len(after) > records_api.KEY_QUERY_CHARS_MAX
+            or len(prefix) > records_api.KEY_QUERY_CHARS_MAX
+        ):
+            raise ProtocolError(
+                f"prefix and after are at most {records_api.KEY_QUERY_CHARS_MAX} chars"
+            )
+        head_bytes = _int_query(request, "head", 0, records_api.SCAN_HEAD_BYTES_MAX)
         page = self.records.scan(
             prefix, limit, after=after, delimiter=_flag_query(request, "delimiter"),
             head_bytes=head_bytes,
@@ -485,7 +433,7 @@ class Peer:
         # stay; it is out of placement, so clients count them as a former holder's.
         settled = acceptor.settled()
         records = tuple(
-            api.ScanRecord(
+            records_api.ScanRecord(
                 r.key,
                 r.version,
                 "" if r.accepted is None else r.accepted.wire(),
@@ -496,13 +444,13 @@ class Peer:
             )
             for r in page.records
         )
-        return api.ScanAnswer(
+        return records_api.ScanAnswer(
             records, tuple(page.prefixes), page.truncated, page.last,
             acceptor.placement_digest(), settled,
         )  # fmt: skip
 
     async def record_versions(self, request: web.Request) -> web.Response:
-        keys = [validate_key(key) for key in api.parse_keys_request(await request.read())]
+        keys = [validate_key(key) for key in records_api.parse_keys_request(await request.read())]
         held = not self._leaving()
         versions: dict[str, int] = {}
         ballots: dict[str, str] = {}

@@ -38,18 +38,12 @@ from pathlib import Path
 import xxhash
 
 from ring import paxos
-from ring.api import (
-    RECORD_BYTES_MAX,
-    REF_BYTES,
-    REFS_MAX,
-    SCAN_HEAD_BYTES_MAX,
-    SCAN_VISITS_MAX,
-    VERSION_MAX,
-)
-from ring.api import split_record_envelope as split_envelope
+from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, VERSION_MAX
 from ring.errors import ProtocolError
 from ring.files import move_or_remove, write_file_atomic
 from ring.paxos import Ballot, Preempted, Slot, Value
+from ring.records_api import SCAN_HEAD_BYTES_MAX, SCAN_VISITS_MAX
+from ring.records_api import split_record_envelope as split_envelope
 
 __all__ = [
     "KEY_PATTERN",

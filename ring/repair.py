@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ring import api, paxos
+from ring import api, paxos, records_api
 from ring.chunkstore import ChunkStore
 from ring.errors import ChunkCorrupt, ProtocolError, SR3Error
 from ring.hints import HintStore
@@ -280,9 +280,9 @@ class Repairer:
                 member.address,
                 api.RECORD_VERSIONS.method,
                 api.RECORD_VERSIONS.pattern,
-                body=api.versions_request(keys),
+                body=records_api.versions_request(keys),
             )
-            return api.parse_ballots_answer(answer.json())
+            return records_api.parse_ballots_answer(answer.json())
         except (SR3Error, KeyError, TypeError, ValueError, AttributeError) as exc:
             log.info("repair: %s did not give record ballots: %s", member.peer_id, exc)
             return None
@@ -340,7 +340,7 @@ class Repairer:
             answer = await self._transport.request(
                 member.address,
                 api.PAXOS_ACCEPT.method,
-                api.accept_path(
+                records_api.accept_path(
                     key,
                     slot.accepted.wire(),
                     paxos.view_digest(preferred),

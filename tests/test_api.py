@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ring import api, codec
+from ring import api, codec, records_api
 from ring.errors import ProtocolError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,17 +92,17 @@ def test_exists_answer_with_and_without_sizes() -> None:
 
 @given(st.lists(chunk_ids, max_size=20, unique=True), st.binary(max_size=200))
 def test_record_envelope_round_trips(refs: list[str], value: bytes) -> None:
-    body = api.record_envelope(refs, value)
-    assert api.split_record_envelope(body, len(refs)) == (value, tuple(refs))
+    body = records_api.record_envelope(refs, value)
+    assert records_api.split_record_envelope(body, len(refs)) == (value, tuple(refs))
 
 
 def test_record_envelope_refuses_what_is_not_a_chunk_id_or_too_short() -> None:
     with pytest.raises(ProtocolError):
-        api.record_envelope(["not-an-id"], b"v")
+        records_api.record_envelope(["not-an-id"], b"v")
     with pytest.raises(ProtocolError):
-        api.split_record_envelope(b"short", 1)
+        records_api.split_record_envelope(b"short", 1)
     with pytest.raises(ProtocolError):
-        api.split_record_envelope(b"", api.REFS_MAX + 1)
+        records_api.split_record_envelope(b"", api.REFS_MAX + 1)
 
 
 @given(st.sets(chunk_ids, max_size=30))
@@ -119,16 +119,19 @@ def test_paths() -> None:
     chunk = codec.chunk_id(b"x")
     assert api.chunk_path(chunk) == f"/v1/chunks/{chunk}"
     assert api.chunk_path(chunk, hint="peer 2/x") == f"/v1/chunks/{chunk}?hint=peer%202%2Fx"
-    assert api.record_raw_path("a/b") == "/v1/records/a/b"
-    assert api.record_round_path("a/b", "00ff") == "/v1/records/a/b?view=00ff"
-    assert api.prepare_path("a/b", "3.ab", "00ff") == "/v1/paxos/prepare/a/b?ballot=3.ab&view=00ff"
-    assert api.accept_path("k", "0.", "00ff") == "/v1/paxos/accept/k?ballot=0.&view=00ff"
+    assert records_api.record_raw_path("a/b") == "/v1/records/a/b"
+    assert records_api.record_round_path("a/b", "00ff") == "/v1/records/a/b?view=00ff"
     assert (
-        api.accept_path("k", "3.ab", "00ff", "4.ab")
+        records_api.prepare_path("a/b", "3.ab", "00ff")
+        == "/v1/paxos/prepare/a/b?ballot=3.ab&view=00ff"
+    )
+    assert records_api.accept_path("k", "0.", "00ff") == "/v1/paxos/accept/k?ballot=0.&view=00ff"
+    assert (
+        records_api.accept_path("k", "3.ab", "00ff", "4.ab")
         == "/v1/paxos/accept/k?ballot=3.ab&view=00ff&next=4.ab"
     )
     assert (
-        api.records_list_path("a b", 10, include_deleted=True)
+        records_api.records_list_path("a b", 10, include_deleted=True)
         == "/v1/records?prefix=a%20b&limit=10&deleted=1"
     )
 
@@ -171,10 +174,16 @@ def test_error_bodies() -> None:
 
 
 def test_versions_and_listing_answers() -> None:
-    assert api.parse_versions_answer({"versions": {"a": 3}}) == {"a": 3}
-    assert api.parse_keys_request(api.versions_request(["a", "b"])) == ["a", "b"]
-    assert api.parse_records_list({"records": [{"key": "k", "version": 2}]}) == [("k", 2, False)]
-    for parse in (api.parse_versions_answer, api.parse_records_list, api.parse_members_answer):
+    assert records_api.parse_versions_answer({"versions": {"a": 3}}) == {"a": 3}
+    assert records_api.parse_keys_request(records_api.versions_request(["a", "b"])) == ["a", "b"]
+    assert records_api.parse_records_list({"records": [{"key": "k", "version": 2}]}) == [
+        ("k", 2, False)
+    ]
+    for parse in (
+        records_api.parse_versions_answer,
+        records_api.parse_records_list,
+        api.parse_members_answer,
+    ):
         with pytest.raises(ProtocolError):
             parse({"nothing": 1})
 
@@ -263,7 +272,7 @@ def test_load_json_refuses_what_could_break_the_parser(kind: str) -> None:
 @pytest.mark.parametrize("kind", sorted(MALFORMED_JSON))
 def test_every_json_body_parser_refuses_with_a_protocol_error(kind: str) -> None:
     body = MALFORMED_JSON[kind]
-    for parse in (api.parse_json_object, api.parse_exists_request, api.parse_keys_request):
+    for parse in (api.parse_json_object, api.parse_exists_request, records_api.parse_keys_request):
         with pytest.raises(ProtocolError):
             parse(body)
 
@@ -375,11 +384,11 @@ def test_keys_and_versions_are_typed_and_bounded() -> None:
     another peer is an integer in 0..VERSION_MAX (a bogus "newer" one would make a
     leaver drop its copy)."""
     with pytest.raises(ProtocolError):
-        api.parse_keys_request(b'{"keys": [null, 1.5]}')
+        records_api.parse_keys_request(b'{"keys": [null, 1.5]}')
     for bad in (True, -1, 1.5, api.VERSION_MAX + 1, "3"):
         with pytest.raises(ProtocolError):
-            api.parse_versions_answer({"versions": {"k": bad}})
-    assert api.parse_versions_answer({"versions": {"k": 0}}) == {"k": 0}
+            records_api.parse_versions_answer({"versions": {"k": bad}})
+    assert records_api.parse_versions_answer({"versions": {"k": 0}}) == {"k": 0}
 
 
 def test_a_record_key_with_a_trailing_newline_is_refused() -> None:

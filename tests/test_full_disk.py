@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 from support import Answer, HttpProbe, acceptors_of, next_base_port, small_disk
 
-from ring import api, codec, paxos
+from ring import api, codec, paxos, records_api
 from ring.client import Client
 from ring.errors import StorageFull
 from ring.files import PendingWrite, move_or_remove, write_file_atomic
@@ -128,7 +128,7 @@ async def owned_key(probe: HttpProbe, address: str, keys: list[str]) -> tuple[st
 
 
 async def read_slot(probe: HttpProbe, address: str, key: str) -> Slot:
-    answer = await probe.signed(address, "GET", api.record_raw_path(key))
+    answer = await probe.signed(address, "GET", records_api.record_raw_path(key))
     assert answer.status == 200, answer
     return paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)[0]
 
@@ -193,7 +193,10 @@ async def test_a_full_peer_stays_up_serves_and_resumes(cluster: LocalCluster) ->
         key, view = await owned_key(probe, address, [f"full-disk/after-{i}" for i in range(50)])
         room = Value(1, b"room", op="02")
         answer = await probe.signed(
-            address, "POST", api.accept_path(key, FAST.wire(), view), body=proposal(FAST, room)
+            address,
+            "POST",
+            records_api.accept_path(key, FAST.wire(), view),
+            body=proposal(FAST, room),
         )
         assert answer.status == 200, answer.body[:300]
         assert (await read_slot(probe, address, key)).value == room
@@ -210,13 +213,13 @@ async def _refuses_round(
     before = await read_slot(probe, address, key)
     body = proposal(ballot, Value(before.value.version + 1, b"no room", op="01"))
     for path, sent in [
-        (api.prepare_path(key, ballot.wire(), view), None),
-        (api.accept_path(key, ballot.wire(), view), body),
-        (api.accept_path(key, ballot.following().wire(), view), body),
+        (records_api.prepare_path(key, ballot.wire(), view), None),
+        (records_api.accept_path(key, ballot.wire(), view), body),
+        (records_api.accept_path(key, ballot.following().wire(), view), body),
     ]:
         assert_storage_full(await probe.signed(address, "POST", path, body=sent))
     if before == paxos.NOTHING:
-        path = api.accept_path(key, FAST.wire(), view)
+        path = records_api.accept_path(key, FAST.wire(), view)
         assert_storage_full(
             await probe.signed(address, "POST", path, body=proposal(FAST, Value(1)))
         )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from support import Answer, HttpProbe, MakeCluster, metric_value
 
-from ring import api, codec, paxos
+from ring import api, codec, paxos, records_api
 from ring.client import Client
 from ring.paxos import FAST, Ballot, Slot, Value
 from sr3.local import LocalCluster
@@ -188,11 +188,15 @@ def _round_path(rng: random.Random, route: api.Route, key: str, stored: Stored) 
     """A record route for ``key``, its query drawn mostly from plausible ballots and views."""
     view = _view(rng, stored)
     if route == api.RECORD_GET:
-        return api.record_raw_path(key) if rng.random() < 0.3 else api.record_round_path(key, view)
+        return (
+            records_api.record_raw_path(key)
+            if rng.random() < 0.3
+            else records_api.record_round_path(key, view)
+        )
     if route == api.PAXOS_PREPARE:
-        return api.prepare_path(key, _ballot(rng), view)
+        return records_api.prepare_path(key, _ballot(rng), view)
     following = _ballot(rng) if rng.random() < 0.5 else None
-    return api.accept_path(key, _ballot(rng), view, following)
+    return records_api.accept_path(key, _ballot(rng), view, following)
 
 
 def _gossip(
@@ -208,9 +212,9 @@ def _valid_bodies(stored: Stored) -> list[bytes]:
     return [
         _gossip(),
         api.exists_request([stored.chunk_id], sizes=True),
-        api.versions_request([KEEP_KEY, "fuzz/1"]),
+        records_api.versions_request([KEEP_KEY, "fuzz/1"]),
         json.dumps({"peer_id": "peer-1", "own": [stored.chunk_id], "upstreams": []}).encode(),
-        api.record_envelope([stored.chunk_id], b"fuzz value"),
+        records_api.record_envelope([stored.chunk_id], b"fuzz value"),
     ]
 
 
@@ -313,7 +317,9 @@ async def _read_back(probe: HttpProbe, cluster: LocalCluster, stored: Stored) ->
     address = cluster.cluster.addresses[0]
     chunk = await probe.signed(address, "GET", f"/v1/chunks/{stored.chunk_id}")
     assert (chunk.status, chunk.body) == (200, stored.chunk)
-    answer = await probe.signed(address, "GET", api.record_round_path(KEEP_KEY, stored.view))
+    answer = await probe.signed(
+        address, "GET", records_api.record_round_path(KEEP_KEY, stored.view)
+    )
     assert answer.status == 200, answer
     assert answer.headers[api.HEADER_VIEW] == stored.view
     slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
@@ -375,9 +381,9 @@ async def _known_cases(probe: HttpProbe, address: str, stored: Stored) -> None:
     body = paxos.encode_slot(Slot(Ballot(1, "ab"), Ballot(1, "ab"), Value(1, b"v", op="01")))
     for digits in ("%C2%B2", "%EF%BC%91%EF%BC%92", str(10**30)):
         for path, sent in [
-            (api.prepare_path("fuzz/digits", f"{digits}.ab", stored.view), None),
-            (api.accept_path("fuzz/digits", f"{digits}.ab", stored.view), body),
-            (api.accept_path("fuzz/digits", "1.ab", stored.view, f"{digits}.ab"), body),
+            (records_api.prepare_path("fuzz/digits", f"{digits}.ab", stored.view), None),
+            (records_api.accept_path("fuzz/digits", f"{digits}.ab", stored.view), body),
+            (records_api.accept_path("fuzz/digits", "1.ab", stored.view, f"{digits}.ab"), body),
         ]:
             answer = await probe.signed(address, "POST", path, body=sent)
             _check(answer, "POST", path)

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import HttpProbe, MakeCluster, chunk_holders
 
-from ring import api, codec, paxos
+from ring import api, codec, paxos, records_api
 from ring.client import Client, ClientOptions, Source
 from ring.client.admin import LeaveReport, leave_summary
 from ring.errors import ProtocolError, SR3Error
@@ -239,11 +239,14 @@ async def test_a_leaving_peer_takes_no_writes_and_confirms_no_copy(
         assert put.status == 503 and put.json()["error"] == "leaving", put
         proposal = paxos.encode_slot(Slot(FAST, FAST, Value(1, b"value", op="01")))
         record = await probe.signed(
-            address, "POST", api.accept_path("leave/new", FAST.wire(), "0" * 16), body=proposal
+            address,
+            "POST",
+            records_api.accept_path("leave/new", FAST.wire(), "0" * 16),
+            body=proposal,
         )
         assert record.status == 503 and record.json()["error"] == "leaving", record
         prepare = await probe.signed(
-            address, "POST", api.prepare_path("leave/new", Ballot(1, "ab").wire(), "0" * 16)
+            address, "POST", records_api.prepare_path("leave/new", Ballot(1, "ab").wire(), "0" * 16)
         )
         assert prepare.status == 503, prepare
         exists = await probe.signed(
@@ -251,7 +254,10 @@ async def test_a_leaving_peer_takes_no_writes_and_confirms_no_copy(
         )
         assert exists.status == 200 and exists.json()["present"] == [], exists
         versions = await probe.signed(
-            address, "POST", api.RECORD_VERSIONS.pattern, body=api.versions_request(sorted(values))
+            address,
+            "POST",
+            api.RECORD_VERSIONS.pattern,
+            body=records_api.versions_request(sorted(values)),
         )
         assert set(versions.json()["versions"].values()) == {0}, versions
         assert versions.json()["ballots"] == {}, versions

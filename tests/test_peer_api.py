@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from support import Answer, HttpProbe, acceptors_of, metric_value, peer_address
 
-from ring import api, codec, paxos
+from ring import api, codec, paxos, records_api
 from ring.api import EXISTS_IDS_MAX, REQUEST_BYTES_MAX
 from ring.auth import Signer
 from ring.client import Client
@@ -97,7 +97,7 @@ async def _key_on(
 
 async def _slot(probe: HttpProbe, address: str, key: str) -> Slot:
     """This peer's slot for ``key`` as it is (no view: never a round, never waits)."""
-    answer = await probe.signed(address, "GET", api.record_raw_path(key))
+    answer = await probe.signed(address, "GET", records_api.record_raw_path(key))
     assert answer.status == 200, answer
     slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
     return slot
@@ -142,16 +142,16 @@ async def test_request_without_credentials_is_401_and_stores_nothing(
         before = await probe.info(target)
         for method, path, body in [
             ("PUT", f"/v1/chunks/{chunk_id}", stored),
-            ("POST", api.accept_path(key, FAST.wire(), view), value),
-            ("POST", api.accept_path(key, BALLOT.wire(), view), value),
-            ("POST", api.prepare_path(key, BALLOT.wire(), view), None),
+            ("POST", records_api.accept_path(key, FAST.wire(), view), value),
+            ("POST", records_api.accept_path(key, BALLOT.wire(), view), value),
+            ("POST", records_api.prepare_path(key, BALLOT.wire(), view), None),
             ("GET", f"/v1/chunks/{chunk_id}", None),
             ("HEAD", f"/v1/chunks/{chunk_id}", None),
             ("POST", "/v1/chunks/exists", json.dumps({"ids": [chunk_id]}).encode()),
             ("GET", "/v1/records?prefix=", None),
-            ("GET", api.record_raw_path(key), None),
-            ("GET", api.record_round_path(key, view), None),
-            ("POST", api.RECORD_VERSIONS.pattern, api.versions_request([key])),
+            ("GET", records_api.record_raw_path(key), None),
+            ("GET", records_api.record_round_path(key, view), None),
+            ("POST", api.RECORD_VERSIONS.pattern, records_api.versions_request([key])),
             ("GET", "/v1/info", None),
             ("GET", "/v1/ring", None),
             ("GET", "/metrics", None),
@@ -216,7 +216,7 @@ async def test_body_swapped_under_a_valid_signature_is_401(
         assert await _chunk_absent(probe, target, swapped_id)
         # The same for a record: the signed value is not the one that arrives.
         key, view = await _key_on(probe, peer_stays_up, target, "swapped", rng)
-        accept = api.accept_path(key, BALLOT.wire(), view)
+        accept = records_api.accept_path(key, BALLOT.wire(), view)
         signed = _proposal(BALLOT, Value(1, b"signed value", op="01"))
         evil = _proposal(BALLOT, Value(1, b"evil value", op="02"))
         headers = probe.signer.headers("POST", accept, signed, target=target)
@@ -233,7 +233,7 @@ async def test_replayed_request_is_401(
     401 (not a 200 or a 409), the slot holds exactly what the first accept stored."""
     async with HttpProbe(peer_stays_up.secret) as probe:
         key, view = await _key_on(probe, peer_stays_up, target, "replay", rng)
-        path = api.accept_path(key, BALLOT.wire(), view)
+        path = records_api.accept_path(key, BALLOT.wire(), view)
         body = _proposal(BALLOT, Value(1, b"first", op="01"))
         headers = probe.signer.headers("POST", path, body, target=target)
         first = await probe.send(target, "POST", path, body=body, headers=headers)
@@ -244,10 +244,14 @@ async def test_replayed_request_is_401(
         _assert_json_error(replay.status, replay.body, 401)
         assert "replay" in replay.json()["message"]
         # A replayed read is refused too.
-        read_headers = probe.signer.headers("GET", api.record_raw_path(key), target=target)
-        read = await probe.send(target, "GET", api.record_raw_path(key), headers=read_headers)
+        read_headers = probe.signer.headers("GET", records_api.record_raw_path(key), target=target)
+        read = await probe.send(
+            target, "GET", records_api.record_raw_path(key), headers=read_headers
+        )
         assert read.status == 200
-        again = await probe.send(target, "GET", api.record_raw_path(key), headers=read_headers)
+        again = await probe.send(
+            target, "GET", records_api.record_raw_path(key), headers=read_headers
+        )
         assert again.status == 401
         assert await _slot(probe, target, key) == stored
 
@@ -353,7 +357,7 @@ async def test_oversized_body_is_413(
         unsigned = await probe.send(target, "PUT", f"/v1/chunks/{chunk_id}", body=body)
         assert unsigned.status == 401
         key, view = await _key_on(probe, peer_stays_up, target, "big", rng)
-        path = api.accept_path(key, BALLOT.wire(), view)
+        path = records_api.accept_path(key, BALLOT.wire(), view)
         answer = await probe.signed(target, "POST", path, body=body)
         _assert_json_error(answer.status, answer.body, 413)
         assert await _chunk_absent(probe, target, chunk_id)
@@ -416,11 +420,11 @@ async def test_bad_record_key_is_4xx(peer_stays_up: LocalCluster, target: str, k
         files = sorted(records.iterdir())
         body = _proposal(FAST, Value(1, b"v", op="01"))
         for method, path, sent in [
-            ("GET", api.record_raw_path(key), None),
-            ("GET", api.record_round_path(key, view), None),
-            ("POST", api.prepare_path(key, BALLOT.wire(), view), None),
-            ("POST", api.accept_path(key, FAST.wire(), view), body),
-            ("POST", api.accept_path(key, BALLOT.wire(), view), body),
+            ("GET", records_api.record_raw_path(key), None),
+            ("GET", records_api.record_round_path(key, view), None),
+            ("POST", records_api.prepare_path(key, BALLOT.wire(), view), None),
+            ("POST", records_api.accept_path(key, FAST.wire(), view), body),
+            ("POST", records_api.accept_path(key, BALLOT.wire(), view), body),
         ]:
             answer = await probe.signed(target, method, path, body=sent)
             _assert_json_error(answer.status, answer.body)
@@ -433,7 +437,7 @@ async def test_record_key_longer_than_a_request_line_is_400(
 ) -> None:
     async with HttpProbe(peer_stays_up.secret) as probe:
         body = _proposal(FAST, Value(1, b"v", op="01"))
-        path = api.accept_path("k" * 9000, FAST.wire(), "0" * 16)
+        path = records_api.accept_path("k" * 9000, FAST.wire(), "0" * 16)
         answer = await probe.signed(target, "POST", path, body=body)
         assert answer.status == 400
 
@@ -497,7 +501,7 @@ async def test_malformed_ballot_is_400_and_stores_nothing(
             [
                 (f"/v1/paxos/prepare/{key}?{query}view={view}", None),
                 (f"/v1/paxos/accept/{key}?{query}view={view}", body),
-                (api.accept_path(key, BALLOT.wire(), view, ballot or "missing"), body),
+                (records_api.accept_path(key, BALLOT.wire(), view, ballot or "missing"), body),
             ],
         )
 
@@ -518,15 +522,15 @@ async def test_the_fast_ballot_is_only_for_an_accept_and_next_must_be_above(
             target,
             key,
             [
-                (api.prepare_path(key, FAST.wire(), view), None),
-                (api.accept_path(key, BALLOT.wire(), view, BALLOT.wire()), body),
-                (api.accept_path(key, BALLOT.wire(), view, lower.wire()), body),
-                (api.accept_path(key, BALLOT.wire(), view, FAST.wire()), body),
-                (api.accept_path(key, FAST.wire(), view, FAST.wire()), body),
+                (records_api.prepare_path(key, FAST.wire(), view), None),
+                (records_api.accept_path(key, BALLOT.wire(), view, BALLOT.wire()), body),
+                (records_api.accept_path(key, BALLOT.wire(), view, lower.wire()), body),
+                (records_api.accept_path(key, BALLOT.wire(), view, FAST.wire()), body),
+                (records_api.accept_path(key, FAST.wire(), view, FAST.wire()), body),
             ],
         )
         following = BALLOT.following()
-        path = api.accept_path(key, BALLOT.wire(), view, following.wire())
+        path = records_api.accept_path(key, BALLOT.wire(), view, following.wire())
         answer = await probe.signed(target, "POST", path, body=body)
         assert (answer.status, answer.json()["accepted"]) == (200, BALLOT.wire()), answer
         slot = await _slot(probe, target, key)
@@ -547,7 +551,9 @@ async def test_malformed_view_is_400_and_stores_nothing(
         query = "" if view is None else f"&view={view}"
         body = _proposal(BALLOT, Value(1, b"v", op="01"))
         if view is not None:
-            answer = await probe.signed(target, "GET", f"{api.record_path(key)}?view={view}")
+            answer = await probe.signed(
+                target, "GET", f"{records_api.record_path(key)}?view={view}"
+            )
             _assert_json_error(answer.status, answer.body, 400)
         await _refused_and_untouched(
             probe,
@@ -579,27 +585,33 @@ async def test_a_prepare_at_or_below_a_promise_is_preempted_naming_it(
     async with HttpProbe(peer_stays_up.secret) as probe:
         key, view = await _key_on(probe, peer_stays_up, target, "preempted", rng)
         promised = Ballot(5, "ab")
-        answer = await probe.signed(target, "POST", api.prepare_path(key, promised.wire(), view))
+        answer = await probe.signed(
+            target, "POST", records_api.prepare_path(key, promised.wire(), view)
+        )
         assert answer.status == 200, answer
         assert paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)[0] == Slot(promised)
         body = _proposal(promised, Value(1, b"v", op="01"))
         for ballot in (Ballot(5, "aa"), Ballot(5, "0"), Ballot(4, "ff"), Ballot(1, "ab")):
-            path = api.prepare_path(key, ballot.wire(), view)
+            path = records_api.prepare_path(key, ballot.wire(), view)
             error = await _refusal(await probe.signed(target, "POST", path), "preempted")
             assert error["promised"] == promised.wire(), (ballot, error)
         for ballot in (Ballot(5, "aa"), Ballot(4, "ff"), FAST):
-            path = api.accept_path(key, ballot.wire(), view)
+            path = records_api.accept_path(key, ballot.wire(), view)
             answer = await probe.signed(target, "POST", path, body=body)
             error = await _refusal(answer, "preempted")
             assert Ballot.parse(error["promised"]) >= promised, (ballot, error)
         assert await _slot(probe, target, key) == Slot(promised)
-        again = await probe.signed(target, "POST", api.prepare_path(key, promised.wire(), view))
+        again = await probe.signed(
+            target, "POST", records_api.prepare_path(key, promised.wire(), view)
+        )
         assert again.status == 200, again
         assert paxos.decode_slot(again.body, api.RECORD_BYTES_MAX)[0] == Slot(promised)
         higher = Ballot(5, "ac")
-        answer = await probe.signed(target, "POST", api.prepare_path(key, higher.wire(), view))
+        answer = await probe.signed(
+            target, "POST", records_api.prepare_path(key, higher.wire(), view)
+        )
         assert answer.status == 200, answer
-        path = api.accept_path(key, promised.wire(), view)
+        path = records_api.accept_path(key, promised.wire(), view)
         error = await _refusal(await probe.signed(target, "POST", path, body=body), "preempted")
         assert error["promised"] == higher.wire()
         assert await _slot(probe, target, key) == Slot(higher)
@@ -619,14 +631,14 @@ async def test_a_round_of_another_epoch_is_409_epoch_naming_the_peers_and_stores
         body = _proposal(BALLOT, Value(1, b"v", op="01"))
         for other in (epoch - 1, epoch + 1):
             for method, path, sent in [
-                ("POST", api.accept_path(key, BALLOT.wire(), view, epoch=other), body),
-                ("POST", api.prepare_path(key, BALLOT.wire(), view, other), None),
-                ("GET", api.record_round_path(key, view, other), None),
+                ("POST", records_api.accept_path(key, BALLOT.wire(), view, epoch=other), body),
+                ("POST", records_api.prepare_path(key, BALLOT.wire(), view, other), None),
+                ("GET", records_api.record_round_path(key, view, other), None),
             ]:
                 error = await _refusal(await probe.signed(target, method, path, body=sent), "epoch")
                 assert error["epoch"] == epoch, error
         assert await _slot(probe, target, key) == paxos.NOTHING
-        path = api.prepare_path(key, BALLOT.wire(), view, epoch)
+        path = records_api.prepare_path(key, BALLOT.wire(), view, epoch)
         assert (await probe.signed(target, "POST", path)).status == 200
 
 
@@ -653,10 +665,10 @@ async def test_a_round_with_another_view_is_409_view_and_stores_nothing(
         for address, other in sends:
             assert other != view or address in outsiders
             for method, path, sent in [
-                ("POST", api.accept_path(key, BALLOT.wire(), other), body),
-                ("POST", api.accept_path(key, FAST.wire(), other), body),
-                ("POST", api.prepare_path(key, BALLOT.wire(), other), None),
-                ("GET", api.record_round_path(key, other), None),
+                ("POST", records_api.accept_path(key, BALLOT.wire(), other), body),
+                ("POST", records_api.accept_path(key, FAST.wire(), other), body),
+                ("POST", records_api.prepare_path(key, BALLOT.wire(), other), None),
+                ("GET", records_api.record_round_path(key, other), None),
             ]:
                 answer = await probe.signed(address, method, path, body=sent)
                 await _refusal(answer, "view")
@@ -711,8 +723,8 @@ async def test_an_accept_whose_body_is_not_a_slot_is_400_and_stores_nothing(
             target,
             key,
             [
-                (api.accept_path(key, BALLOT.wire(), view), body),
-                (api.accept_path(key, FAST.wire(), view), body),
+                (records_api.accept_path(key, BALLOT.wire(), view), body),
+                (records_api.accept_path(key, FAST.wire(), view), body),
             ],
         )
 
@@ -728,7 +740,7 @@ async def test_a_fast_accept_on_a_key_that_holds_anything_is_preempted(
     first = Value(1, b"first", op="01")
     async with HttpProbe(peer_stays_up.secret) as probe:
         key, view = await _key_on(probe, peer_stays_up, target, "fast", rng)
-        path = api.accept_path(key, FAST.wire(), view)
+        path = records_api.accept_path(key, FAST.wire(), view)
         answer = await probe.signed(target, "POST", path, body=_proposal(FAST, first))
         assert (answer.status, answer.json()["accepted"]) == (200, FAST.wire()), answer
         held = await _slot(probe, target, key)
@@ -742,9 +754,9 @@ async def test_a_fast_accept_on_a_key_that_holds_anything_is_preempted(
         assert await _slot(probe, target, key) == held
 
         key, view = await _key_on(probe, peer_stays_up, target, "fast-promised", rng)
-        prepare = api.prepare_path(key, BALLOT.wire(), view)
+        prepare = records_api.prepare_path(key, BALLOT.wire(), view)
         assert (await probe.signed(target, "POST", prepare)).status == 200
-        path = api.accept_path(key, FAST.wire(), view)
+        path = records_api.accept_path(key, FAST.wire(), view)
         answer = await probe.signed(target, "POST", path, body=_proposal(FAST, first))
         assert (await _refusal(answer, "preempted"))["promised"] == BALLOT.wire()
         assert await _slot(probe, target, key) == Slot(BALLOT)
@@ -766,7 +778,7 @@ async def test_a_record_read_answers_the_slot_and_the_view(
     accepted: set[tuple[Ballot | None, Value]] = set()
     async with HttpProbe(peer_stays_up.secret) as probe:
         for peer in peer_stays_up.cluster.peers:
-            answer = await probe.signed(peer.address, "GET", api.record_raw_path(key))
+            answer = await probe.signed(peer.address, "GET", records_api.record_raw_path(key))
             assert answer.status == 200, answer
             assert answer.headers[api.HEADER_VIEW] == acceptors.view
             slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
@@ -775,7 +787,7 @@ async def test_a_record_read_answers_the_slot_and_the_view(
                 continue
             assert (slot.value.version, slot.value.data, slot.value.deleted) == (1, b"value", False)
             accepted.add((slot.accepted, slot.value))
-            path = api.record_round_path(key, acceptors.view)
+            path = records_api.record_round_path(key, acceptors.view)
             again = await probe.signed(peer.address, "GET", path)
             assert (again.status, again.body) == (200, answer.body)
     assert len(accepted) == 1, accepted
@@ -848,7 +860,7 @@ async def test_request_signed_for_one_peer_is_refused_by_another(
             p for p in await acceptors_of(probe, first, key) if p != _peer_id(peer_stays_up, first)
         ]
         second = peer_stays_up.peer(rng.choice(others)).address
-        path = api.accept_path(key, BALLOT.wire(), view)
+        path = records_api.accept_path(key, BALLOT.wire(), view)
         body = _proposal(BALLOT, Value(1, b"value", op="01"))
         headers = probe.signer.headers("POST", path, body, target=first)
         assert (await probe.send(first, "POST", path, body=body, headers=headers)).status == 200
@@ -888,10 +900,10 @@ async def test_query_integers_in_other_digits_are_400(
             target,
             key,
             [
-                (api.prepare_path(key, f"{digits}.ab", view), None),
-                (api.accept_path(key, f"{digits}.ab", view), body),
-                (api.accept_path(key, BALLOT.wire(), view, f"{digits}.ab"), body),
-                (api.prepare_path(key, f"{BALLOT.counter}.{digits}", view), None),
+                (records_api.prepare_path(key, f"{digits}.ab", view), None),
+                (records_api.accept_path(key, f"{digits}.ab", view), body),
+                (records_api.accept_path(key, BALLOT.wire(), view, f"{digits}.ab"), body),
+                (records_api.prepare_path(key, f"{BALLOT.counter}.{digits}", view), None),
             ],
         )
         assert await _five_xx(probe, target) == before
@@ -999,14 +1011,14 @@ async def test_record_versions_are_bounded_and_a_key_stays_writable(
         key, view = await _key_on(probe, peer_stays_up, target, "huge-version", rng)
         before = await _five_xx(probe, target)
         requests: list[tuple[str, bytes | None]] = [
-            (api.accept_path(key, BALLOT.wire(), view), _proposal(BALLOT, Value(version)))
+            (records_api.accept_path(key, BALLOT.wire(), view), _proposal(BALLOT, Value(version)))
             for version in (VERSION_MAX + 1, 10**17 * 10 + 1, 10**30)
         ]
         body = _proposal(BALLOT, Value(1, b"v", op="01"))
         for counter in (paxos.COUNTER_MAX + 1, 10**30):
             requests += [
-                (api.prepare_path(key, f"{counter}.ab", view), None),
-                (api.accept_path(key, f"{counter}.ab", view), body),
+                (records_api.prepare_path(key, f"{counter}.ab", view), None),
+                (records_api.accept_path(key, f"{counter}.ab", view), body),
             ]
         await _refused_and_untouched(probe, target, key, requests)
 
@@ -1015,7 +1027,7 @@ async def test_record_versions_are_bounded_and_a_key_stays_writable(
         for peer_id in await acceptors_of(probe, target, key):
             address = peer_stays_up.peer(peer_id).address
             answer = await probe.signed(
-                address, "POST", api.accept_path(key, high.wire(), view), body=old
+                address, "POST", records_api.accept_path(key, high.wire(), view), body=old
             )
             assert answer.status == 200, (peer_id, answer)
         async with Client(peer_stays_up.ring, peer_stays_up.secret) as client:
@@ -1024,10 +1036,10 @@ async def test_record_versions_are_bounded_and_a_key_stays_writable(
             record = await client.get_record(key)
             assert record is not None and (record.version, record.value) == (VERSION_MAX, b"new")
         answer = await probe.signed(
-            target, "POST", api.RECORD_VERSIONS.pattern, body=api.versions_request([key])
+            target, "POST", api.RECORD_VERSIONS.pattern, body=records_api.versions_request([key])
         )
-        assert api.parse_versions_answer(answer.json()) == {key: VERSION_MAX}
-        ballot = Ballot.parse(api.parse_ballots_answer(answer.json())[key])
+        assert records_api.parse_versions_answer(answer.json()) == {key: VERSION_MAX}
+        ballot = Ballot.parse(records_api.parse_ballots_answer(answer.json())[key])
         assert high < ballot and ballot.counter <= paxos.COUNTER_MAX
         assert await _five_xx(probe, target) == before
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from support import HttpProbe, start_cluster
 
-from ring import api, paxos
+from ring import api, paxos, records_api
 from ring.client import Client, ClientOptions
 from ring.client.records import RecordIO
 from ring.errors import DataUnavailable, PeerUnavailable, RecordUnknown
@@ -115,7 +115,7 @@ async def test_a_joiner_catches_up_on_a_value_one_staying_acceptor_missed(
 
 async def _slot(address: str, secret: str, key: str) -> Slot:
     async with HttpProbe(secret) as probe:
-        answer = await probe.signed(address, "GET", api.record_raw_path(key))
+        answer = await probe.signed(address, "GET", records_api.record_raw_path(key))
     assert answer.status == 200, answer
     slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
     return slot

@@ -36,7 +36,7 @@ from support import (
 )
 
 from recovery.executor import recover
-from ring import api, codec, paxos
+from ring import api, codec, paxos, records_api
 from ring.chunkstore import ChunkStore
 from ring.client import Client
 from ring.gc import ChunkCollector, GcSettings
@@ -139,7 +139,7 @@ async def test_delete_survives_a_replica_that_missed_it(
             deadline = time.monotonic() + WAIT_S_MAX
             while True:
                 answer = await probe.signed(
-                    address, "GET", api.record_raw_path("spark/q/batches/000000000001")
+                    address, "GET", records_api.record_raw_path("spark/q/batches/000000000001")
                 )
                 assert answer.status == 200, answer
                 slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)

@@ -18,7 +18,7 @@ import pytest
 import xxhash
 from support import HttpProbe
 
-from ring import api, paxos
+from ring import api, paxos, records_api
 from ring.client import Client
 from ring.client.proposer import Acceptors
 from ring.errors import RecordConflict, RecordUnknown
@@ -38,7 +38,7 @@ def _record_holders(cluster: LocalCluster, key: str) -> list[str]:
 
 async def _slot(probe: HttpProbe, address: str, key: str) -> Slot:
     """The slot a peer holds for ``key``, as it is."""
-    answer = await probe.signed(address, "GET", api.record_raw_path(key))
+    answer = await probe.signed(address, "GET", records_api.record_raw_path(key))
     assert answer.status == 200, answer
     return paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)[0]
 
@@ -83,9 +83,9 @@ async def test_compare_and_set_refuses_a_stale_version(
             low = Ballot(1, "0")
             assert low < chosen.accepted
             for path, body in [
-                (api.accept_path(key, FAST.wire(), acceptors.view), stale),
-                (api.accept_path(key, low.wire(), acceptors.view), stale),
-                (api.prepare_path(key, low.wire(), acceptors.view), None),
+                (records_api.accept_path(key, FAST.wire(), acceptors.view), stale),
+                (records_api.accept_path(key, low.wire(), acceptors.view), stale),
+                (records_api.prepare_path(key, low.wire(), acceptors.view), None),
             ]:
                 sent = None if body is None else paxos.encode_slot(Slot(low, low, body))
                 answer = await probe.signed(member.address, "POST", path, body=sent)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ring import api, paxos
+from ring import paxos, records_api
 from ring.client import Client
 from ring.client.proposer import Acceptors
 from ring.client.records import scan_verdicts
@@ -66,7 +66,7 @@ async def test_a_page_lists_in_order_rolls_up_and_resumes_after_a_key(tmp_path: 
     after_key = store.scan("d/", 10, after="d/b/1")
     assert [r.key for r in after_key.records][:2] == ["d/b/2", "d/c"]
     with pytest.raises(ProtocolError):
-        store.scan("d/", 10, head_bytes=api.SCAN_HEAD_BYTES_MAX + 1)
+        store.scan("d/", 10, head_bytes=records_api.SCAN_HEAD_BYTES_MAX + 1)
 
 
 async def test_tombstones_do_not_fill_a_page_and_a_key_past_a_prefix_is_not_skipped(
@@ -121,18 +121,18 @@ def _acceptors(key: str) -> Acceptors:
 
 def _record(
     key: str, ballot: Ballot | None, version: int, *, synced: bool = True
-) -> api.ScanRecord:
-    return api.ScanRecord(
+) -> records_api.ScanRecord:
+    return records_api.ScanRecord(
         key, version, "" if ballot is None else ballot.wire(), f"{version:024x}", False,
         b"head", synced,
     )  # fmt: skip
 
 
 def _page(
-    records: list[api.ScanRecord], *, settled: bool = True, placement: str = PLACEMENT,
+    records: list[records_api.ScanRecord], *, settled: bool = True, placement: str = PLACEMENT,
     truncated: bool = False, last: str = "",
-) -> api.ScanAnswer:  # fmt: skip
-    return api.ScanAnswer(tuple(records), (), truncated, last, placement, settled)
+) -> records_api.ScanAnswer:  # fmt: skip
+    return records_api.ScanAnswer(tuple(records), (), truncated, last, placement, settled)
 
 
 def _holders(key: str) -> list[str]:
@@ -201,7 +201,7 @@ def test_verdicts_agree_with_a_read_of_the_same_slots(
     """A scan decides a record exactly when a read of the acceptors that answered would
     (``paxos.chosen_value``), and on the same value."""
     key = "fs/h"
-    pages: dict[str, api.ScanAnswer] = {}
+    pages: dict[str, records_api.ScanAnswer] = {}
     read: list[Slot] = []
     for peer, (ballot, version, answered) in zip(_holders(key), slots, strict=True):
         if not answered:

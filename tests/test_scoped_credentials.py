@@ -19,7 +19,7 @@ import time
 import pytest
 from support import HttpProbe
 
-from ring import api, fs_api
+from ring import api, fs_api, records_api
 from ring.auth import parse_credential, scoped_credential
 from ring.errors import ProtocolError
 from spark_connector.fs_client import FsClient, FsRefused
@@ -94,7 +94,7 @@ async def test_a_scoped_credential_reaches_only_files_under_its_prefix(
             ("GET", "/metrics"),
             ("GET", "/v1/chunks/" + "0" * 32),
             ("GET", "/v1/records?prefix=&limit=10"),
-            ("GET", api.record_path("files/elsewhere/secret.txt")),
+            ("GET", records_api.record_path("files/elsewhere/secret.txt")),
             ("POST", "/v1/admin/leave"),
             ("POST", "/v1/records/versions"),
         ):

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ring import api, paxos
+from ring import api, paxos, records_api
 from ring.client.view import Early, LatencyWindow, RingTracker, RingView
 from ring.errors import ProtocolError, QuorumError, RecordContention, SR3Error
 from ring.paxos import FAST, Ballot, Preempted, Slot, Value
@@ -211,7 +211,7 @@ class Proposer:
         answer = await self._transport.request(
             member.address,
             api.RECORD_GET.method,
-            api.record_round_path(key, acceptors.view, acceptors.epoch),
+            records_api.record_round_path(key, acceptors.view, acceptors.epoch),
             body_bytes_max=SLOT_ANSWER_BYTES_MAX,
         )
         slot, _meta = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)
@@ -322,7 +322,7 @@ class Proposer:
         answer = await self._transport.request(
             member.address,
             api.PAXOS_PREPARE.method,
-            api.prepare_path(key, ballot.wire(), acceptors.view, acceptors.epoch),
+            records_api.prepare_path(key, ballot.wire(), acceptors.view, acceptors.epoch),
             body_bytes_max=SLOT_ANSWER_BYTES_MAX,
             ok=(200, 409),
         )
@@ -374,7 +374,7 @@ class Proposer:
         answer = await self._transport.request(
             member.address,
             api.PAXOS_ACCEPT.method,
-            api.accept_path(key, ballot.wire(), acceptors.view, following, acceptors.epoch),
+            records_api.accept_path(key, ballot.wire(), acceptors.view, following, acceptors.epoch),
             body=body,
             ok=(200, 409),
         )

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ring import api, paxos
+from ring import api, paxos, records_api
 from ring.client.chunks import first_error
 from ring.client.options import RecordScan, RecordValue, ScannedRecord
 from ring.client.proposer import (
@@ -71,7 +71,7 @@ class ScanVerdict:
 
 
 def scan_verdicts(
-    pages: Mapping[str, api.ScanAnswer],
+    pages: Mapping[str, records_api.ScanAnswer],
     placement: str,
     acceptors_of: Callable[[str], Acceptors],
 ) -> ScanVerdict:
@@ -118,7 +118,7 @@ def scan_verdicts(
     return ScanVerdict(chosen, undecided, prefixes, cut is not None, cut or "")
 
 
-def _covered(view: RingView, pages: Mapping[str, api.ScanAnswer], placement: str) -> bool:
+def _covered(view: RingView, pages: Mapping[str, records_api.ScanAnswer], placement: str) -> bool:
     """Whether every chosen record is in some page: every member answered (a record is
     on W of its acceptors, or on the peers that held it before a join until repair moved
     it, all members), or else every group of peers some key is stored on has
@@ -252,7 +252,7 @@ class RecordIO:
         it in ``RecordValue.op`` if it took effect.
         Raises ``RecordConflict`` when another version is chosen (the current one named).
         """
-        api.record_envelope(refs, b"")  # refs must be chunk ids
+        records_api.record_envelope(refs, b"")  # refs must be chunk ids
         new = Value(expected_version + 1, value, tuple(refs), False, self._op(op))
         return await self._compare_and_set(key, expected_version, new)
 
@@ -290,14 +290,14 @@ class RecordIO:
         if not 0 < limit <= api.LIST_LIMIT_MAX:
             raise ProtocolError(f"a scan takes 1..{api.LIST_LIMIT_MAX} records at a time")
         view = await self._view.ring()
-        path = api.records_scan_path(
+        path = records_api.records_scan_path(
             prefix, limit, after=after, delimiter=delimiter, head_bytes=head_bytes
         )
 
-        async def one(member: Member, _hint: Member | None) -> api.ScanAnswer:
+        async def one(member: Member, _hint: Member | None) -> records_api.ScanAnswer:
             answer = await self._transport.request(member.address, api.RECORDS_LIST.method, path)
             try:
-                return api.parse_scan_answer(answer.json(), limit)
+                return records_api.parse_scan_answer(answer.json(), limit)
             except ProtocolError as exc:  # a peer of another version, say: not an answer
                 raise PeerError(member.address, f"unusable scan page: {exc}") from exc
 
@@ -341,11 +341,11 @@ class RecordIO:
         """Keys under ``prefix`` with the newest version any reachable peer knows (keys
         whose newest version is a delete left out)."""
         view = await self._view.ring()
-        path = api.records_list_path(prefix, limit, include_deleted=True)
+        path = records_api.records_list_path(prefix, limit, include_deleted=True)
 
         async def one(member: Member, _hint: Member | None) -> list[tuple[str, int, bool]]:
             answer = await self._transport.request(member.address, api.RECORDS_LIST.method, path)
-            return api.parse_records_list(answer.json())
+            return records_api.parse_records_list(answer.json())
 
         result = await self._view.fan_out(
             view.ring.members,
