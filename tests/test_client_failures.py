@@ -184,7 +184,12 @@ async def partial_seed(ring: LocalCluster) -> AsyncIterator[tuple[str, list[str]
     async with HttpProbe(ring.secret) as probe:
         full = (await probe.signed(peer_address(ring, "peer-3"), "GET", "/v1/ring")).json()
     assert len(full["members"]) == 5
-    partial = {**full, "members": [m for m in full["members"] if m["peer_id"] <= "peer-3"]}
+    # One epoch behind: a peer that has not learned the newest configuration yet.
+    partial = {
+        **full,
+        "members": [m for m in full["members"] if m["peer_id"] <= "peer-3"],
+        "epoch": full["epoch"] - 1,
+    }
 
     async def ring_table(_request: web.Request) -> web.Response:
         return web.json_response(partial)

@@ -106,7 +106,7 @@ def parse_seeds(ring: str | Sequence[str]) -> tuple[str, ...]:
 def newest_view(views: Sequence[RingView]) -> RingView:
     """The view of the newest configuration among ``views`` (members are decided, one
     epoch at a time: an older view is a subset in time, never a part to merge)."""
-    return max(views, key=lambda view: view.epoch)
+    return max(views, key=lambda view: (view.epoch, len(view.ring)))
 
 
 def added_members(seen: RingView, wider: RingView, key: str) -> list[Member]:
