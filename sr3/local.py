@@ -33,7 +33,7 @@ __all__ = ["BASE_PORT_DEFAULT", "LocalCluster", "peer_command", "pick_port"]
 
 BASE_PORT_DEFAULT = 7401
 PORT_TRIES_MAX = 200
-HEALTH_TIMEOUT_S = 30.0
+HEALTH_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 
 
