@@ -51,7 +51,9 @@ What must hold, for every nemesis (``judge``):
   its expected one plus one, no conflict names the expected version;
 - after the heal every client reads every key, and what it reads is the last
   acknowledged write of the key or a later write (acknowledged or of unknown outcome);
-- no two peers ever serve different configurations under one epoch.
+- no two peers ever serve different configurations under one epoch;
+- with ``late-founder`` (no fault once running), no configuration past the founding and
+  the four joins: nobody is removed.
 
 And for ``minority-partition``, while the cut lasts: no write acknowledged to and no
 read answered for the minority side's client; the minority peer serves a ring with every
@@ -439,6 +441,8 @@ NEMESES: dict[str, Nemesis] = {
     "kill-and-pause": kill_and_pause,
     "late-founder": late_founder,
 }
+# Nemeses that inject no fault once the ring runs: its configuration must not change.
+FAULTLESS = frozenset({"late-founder"})
 # How a nemesis starts the peers, when not all at once.
 STARTS: dict[str, Callable[[Run], None]] = {"late-founder": start_founder_last}
 
@@ -622,7 +626,13 @@ def judge(
             report.violations.append(result.describe()[:VIOLATION_CHARS_MAX])
     report.violations += final_read_violations(seen)
     report.violations += epoch_violations(seen.probes)
-    report.figures["configurations served (epoch: members)"] = configurations(seen.probes)
+    served = configurations(seen.probes)
+    report.figures["configurations served (epoch: members)"] = served
+    if nemesis in FAULTLESS and max(served, default=0) > PEERS:
+        report.violations.append(
+            f"with no fault after the start the ring decided {max(served)} configurations "
+            f"(founding it and {PEERS - 1} joins make {PEERS}): a member was removed"
+        )
     if "cut" in run.windows:
         report.violations += minority_violations(seen, run, report.figures)
     return report
