@@ -88,6 +88,8 @@ def check_address(value: Any) -> str:
 
 
 def majority(count: int) -> int:
+    """The smallest part of ``count`` voters or acceptors that any other such part meets
+    (configurations and records use it alike; ``ring.paxos`` re-exports it)."""
     return count // 2 + 1
 
 

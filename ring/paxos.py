@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 import xxhash
 
 from ring.api import REF_BYTES, REFS_MAX, VERSION_MAX
+from ring.cluster import majority
 from ring.errors import ProtocolError
 from ring.parse import load_json
 from ring.placement import Member
@@ -246,10 +247,6 @@ def record_group(replication: int) -> int:
     (tolerating f failures linearizably takes 2f + 1). A ring of fewer members gives every
     record all of them."""
     return 2 * replication - 1
-
-
-def majority(count: int) -> int:
-    return count // 2 + 1
 
 
 def placement_digest(members: Sequence[Member]) -> str:
