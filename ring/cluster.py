@@ -196,15 +196,18 @@ class Configuration:
 @dataclass(frozen=True, slots=True)
 class ClusterAnswer:
     """``GET /v1/cluster``: the answering peer's current configuration and the ones
-    before it that it still keeps (oldest first)."""
+    before it that it still keeps (oldest first); ``settled_epoch``: the newest epoch at
+    which it knows every member caught up on every record (``ring.settle``)."""
 
     current: Configuration
     recent: tuple[Configuration, ...] = ()
+    settled_epoch: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "current": self.current.to_json(),
             "recent": [config.to_json() for config in self.recent],
+            "settled_epoch": self.settled_epoch,
         }
 
     def chain(self) -> list[Configuration]:
@@ -221,7 +224,11 @@ def parse_cluster_answer(data: Any) -> ClusterAnswer:
     earlier = tuple(Configuration.from_json(item) for item in recent)
     if any(c.cluster != current.cluster or c.epoch >= current.epoch for c in earlier):
         raise ProtocolError("a cluster answer's recent configurations precede its current one")
-    return ClusterAnswer(current, earlier)
+    settled = data.get("settled_epoch", 0)
+    valid = isinstance(settled, int) and not isinstance(settled, bool)
+    if not valid or not 0 <= settled <= current.epoch:
+        raise ProtocolError("a cluster answer's settled_epoch is an epoch up to its current one")
+    return ClusterAnswer(current, earlier, settled)
 
 
 def chain_after(epoch: int, configs: Sequence[Configuration]) -> list[Configuration]:

@@ -69,7 +69,7 @@ class _ClusterHandlers:
 
     async def learn(self, request: web.Request) -> web.Response:
         answer = parse_cluster_answer(api.parse_json_object(await request.read()))
-        await self.metadata.learn(answer.chain())
+        await self.metadata.learn_answer(answer)
         return web.json_response({"epoch": self.metadata.epoch})
 
     async def prepare(self, request: web.Request) -> web.Response:

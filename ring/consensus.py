@@ -106,6 +106,7 @@ class Acceptor:
         *,
         history: Sequence[Configuration | None] = (),
         epoch: Callable[[], int] = lambda: 0,
+        settled_epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         self._me = me
         self._records = records
@@ -119,15 +120,23 @@ class Acceptor:
         self._placement: tuple[Member, ...] | None = placement or None
         self._ring: Ring | None = self._build(placement) if placement else None
         # The rings that were current within the window, with when they stopped being
-        # (None: unknown, epochs this peer missed). ``history``: the configurations that
-        # stopped being current within the window before this peer started (their window
-        # starts again now: their catch-ups may not have finished).
-        self._history: list[tuple[float, Ring | None]] = [
-            (clock(), None if config is None else self._build(config.members)) for config in history
-        ]
+        # and the last epoch they stand for (None: unknown, epochs this peer missed).
+        # ``history``: the configurations that stopped being current within the window
+        # before this peer started (their window starts again now: their catch-ups may
+        # not have finished). ``settled_epoch``: every member caught up on every record
+        # at that epoch (``ring.settle``), so the rings of the epochs before are done.
+        self._settled_epoch = settled_epoch
+        self._history: list[tuple[float, Ring | None, int]] = [
+            (clock(), None, 0) if config is None
+            else (clock(), self._build(config.members), config.epoch)
+            for config in history
+        ]  # fmt: skip
         self._synced: set[str] = set()
         self._syncing: dict[str, asyncio.Lock] = {}
         self.syncs = 0
+        # The epoch at which this peer caught up on every key it answers for
+        # (``ring.settle``): no key needs catching up while it stays the epoch.
+        self.covered_epoch = -1
 
     # -- who answers for a key ----------------------------------------------------------
 
@@ -149,11 +158,11 @@ class Acceptor:
         if self._ring is not None and self._placement:
             # The ring of the configuration before (``ring()`` would already place with
             # the table's, which is the new one).
-            self._history.append((self._clock(), None if gap else self._ring))
+            self._history.append((self._clock(), None if gap else self._ring, config.epoch - 1))
             if len(self._history) > RINGS_REMEMBERED_MAX:
                 # Too many changes to keep each ring: forget them as unknown, so every
                 # key is caught up on (slower, never wrong).
-                self._history = [(self._clock(), None)]
+                self._history = [(self._clock(), None, config.epoch - 1)]
             self._synced.clear()
         self._placement = config.members
         self._ring = self._build(config.members)
@@ -172,14 +181,32 @@ class Acceptor:
         assert self._placement is not None
         return paxos.placement_digest(self._placement)
 
-    def settled(self) -> bool:
-        """Whether this peer holds what it should for every key it answers for (no
-        catch-up pending for any key: no ring within the window placed keys
-        elsewhere, and it did not start within it unless it knew it was away briefly)."""
+    def history(self) -> list[Ring | None]:
+        """The rings within the window that may have placed keys elsewhere, oldest
+        first (None: epochs this peer missed or a time it was not running)."""
         self.ring()
         horizon = self._clock() - self._settings.sync_window_s
-        self._history = [(at, ring) for at, ring in self._history if at >= horizon]
-        return not self._history
+        settled = self._settled_epoch()
+        self._history = [
+            (at, ring, epoch) for at, ring, epoch in self._history
+            if at >= horizon and epoch >= settled
+        ]  # fmt: skip
+        return [ring for _at, ring, _epoch in self._history]
+
+    def covered(self) -> bool:
+        """Whether this peer caught up on every key it answers for at its epoch."""
+        return not self.history() or self.covered_epoch == self._epoch()
+
+    def cover(self, epoch: int) -> None:
+        """Every key this peer answers for at ``epoch`` was caught up on (``ring.settle``)."""
+        self.covered_epoch = epoch
+
+    def settled(self) -> bool:
+        """Whether this peer holds what it should for every key it answers for (no
+        catch-up pending for any key: it caught up at this epoch, or no ring within
+        the window placed keys elsewhere and it did not start within it unless it knew
+        it was away briefly)."""
+        return self.covered()
 
     def _check_view(self, key: str, view: RoundView) -> None:
         epoch = self._epoch()
@@ -201,17 +228,13 @@ class Acceptor:
     def needs_catch_up(self, key: str) -> bool:
         """Whether this peer may hold less than it should for ``key``: a ring current
         within the window (or a time it was not running) had other acceptors for it."""
-        self.ring()
-        horizon = self._clock() - self._settings.sync_window_s
-        self._history = [(at, ring) for at, ring in self._history if at >= horizon]
-        if not self._history or key in self._synced:
+        if self.covered() or key in self._synced:
             return False
-        replication = self._settings.group
-        return any(
-            ring is None
-            or all(m.peer_id != self._me for m in ring.preference_list(key, replication))
-            for _at, ring in self._history
-        )
+        return bool(self._sources(key))
+
+    async def catch_up(self, key: str) -> None:
+        """Catch up on ``key`` if it needs it (``Syncing`` if enough peers do not answer)."""
+        await self._sync(key)
 
     async def _sync(self, key: str) -> None:
         if not self.needs_catch_up(key):
@@ -227,20 +250,27 @@ class Acceptor:
 
     def _sources(self, key: str) -> list[tuple[Member, ...]]:
         """The peer groups this peer must hear from to catch up on ``key``: for each ring
-        of the window under which it was not one of the key's acceptors, those
-        acceptors (all of them, removed ones too: they may still answer); for a time it
-        was not running, the key's other candidates now (the other acceptors and the
-        next peer in the walk, which held the key before a join)."""
+        of the window under which the key had other acceptors than now, those acceptors
+        (all of them, removed ones too: they may still answer); for a time it was not
+        running, the key's other candidates now (the other acceptors and the next peer
+        in the walk, which held the key before a join).
+
+        Every acceptor of a key whose group changed catches up, the ones that stay in
+        it too: a value chosen by a majority of a larger group can sit on a minority of
+        the smaller one (5 acceptors shrinking to 3 keeps as few as one of the three
+        that accepted it), so a majority of the new group could otherwise choose over
+        it."""
         size = self._settings.group
+        current = {m.peer_id for m in self.ring().preference_list(key, size)}
         groups: list[tuple[Member, ...]] = []
-        for _at, ring in self._history:
+        for ring in self.history():
             if ring is None:
                 others = [m for m in self.ring().walk(key) if m.peer_id != self._me]
                 if others:
                     groups.append(tuple(others[:size]))
                 continue
             acceptors = ring.preference_list(key, size)
-            if all(m.peer_id != self._me for m in acceptors):
+            if {m.peer_id for m in acceptors} != current:
                 groups.append(acceptors)
         return groups
 
@@ -284,7 +314,8 @@ class Acceptor:
         slots: dict[str, Slot] = {}
 
         def satisfied() -> bool:
-            answered = slots.keys() | handed_over
+            # This peer's own slot counts for a group it was in: merging keeps it.
+            answered = slots.keys() | handed_over | {self._me}
             return all(len(group & answered) >= count for group, count in needed)
 
         tasks = {asyncio.create_task(ask(members[peer_id])): peer_id for peer_id in asked}

@@ -139,11 +139,17 @@ class Gossiper:
         """Up to ``fanout`` peers to exchange with, none of those in ``busy``."""
         me = self.table.me
         states = self.table.states()
-        known = [
-            entry.address
+        addresses = {
+            entry.peer_id: entry.address
             for entry in self.table.entries()
             if entry.peer_id != me and states[entry.peer_id] not in ("removed", "left")
-        ]
+        }
+        # Members of the decided configuration this peer has not heard from yet (it
+        # learned the configuration first): gossiping with them is how it hears them.
+        for member in self.table.placement():
+            if member.peer_id != me and self.table.entry(member.peer_id) is None:
+                addresses[member.peer_id] = member.address
+        known = sorted(addresses.values())
         if not known:
             own = self.table.own.address
             known = sorted((set(self._seeds) | set(self._contacts())) - {own})

@@ -65,6 +65,9 @@ class Entry:
     status: str
     epoch: int
     heartbeat: int
+    # The configuration epoch at which this peer last finished catching up on every
+    # record it answers for (``ring.settle``; 0: not yet).
+    settled: int = 0
 
     @property
     def version(self) -> tuple[int, int]:
@@ -91,6 +94,7 @@ class Entry:
                 status=_text(data["status"], "status", _ID_CHARS_MAX),
                 epoch=_counter(data["epoch"], "epoch"),
                 heartbeat=_counter(data["heartbeat"], "heartbeat"),
+                settled=_counter(data.get("settled", 0), "settled"),
             )
         except KeyError as exc:
             raise ProtocolError(f"malformed member entry: {exc!r}") from exc
@@ -146,8 +150,27 @@ class MemberTable:
         self.me = me.peer_id
         self._entries: dict[str, Entry] = {me.peer_id: me}
         self._advanced_at: dict[str, float] = {me.peer_id: clock()}
-        # The newest decided configuration this peer learned (``ring.metadata``).
-        self.configuration: Configuration | None = None
+        # When this peer first knew of each member it never heard from: a silence
+        # counts from there, never from before this peer could have heard anything.
+        self._known_at: dict[str, float] = {}
+        self._configuration: Configuration | None = None
+
+    @property
+    def configuration(self) -> Configuration | None:
+        """The newest decided configuration this peer learned (``ring.metadata``)."""
+        return self._configuration
+
+    @configuration.setter
+    def configuration(self, config: Configuration | None) -> None:
+        self._configuration = config
+        if config is None:
+            return
+        now = self._clock()
+        for member in config.members:
+            self._known_at.setdefault(member.peer_id, now)
+        if len(self._known_at) > MEMBERS_MAX:
+            current = {member.peer_id for member in config.members}
+            self._known_at = {p: at for p, at in self._known_at.items() if p in current}
 
     # -- own entry ----------------------------------------------------------------------
 
@@ -168,6 +191,20 @@ class MemberTable:
         own = self.own
         self._entries[self.me] = replace(own, status=status, heartbeat=own.heartbeat + 1)
         return self._entries[self.me]
+
+    def set_settled(self, epoch: int) -> Entry:
+        """Announce that this peer caught up on every record it answers for at ``epoch``."""
+        own = self.own
+        self._entries[self.me] = replace(own, settled=epoch, heartbeat=own.heartbeat + 1)
+        return self._entries[self.me]
+
+    def all_settled(self, config: Configuration) -> bool:
+        """Whether every member of ``config`` announced it caught up at its epoch."""
+        return all(
+            (entry := self._entries.get(member.peer_id)) is not None
+            and entry.settled == config.epoch
+            for member in config.members
+        )
 
     # -- gossip -------------------------------------------------------------------------
 
@@ -199,12 +236,14 @@ class MemberTable:
     # -- liveness -----------------------------------------------------------------------
 
     def silent_s(self, peer_id: str) -> float:
-        """How long this peer has not heard from ``peer_id`` (0 for itself; infinite for
-        a peer it never heard of)."""
+        """How long this peer has not heard from ``peer_id``: 0 for itself; for a member
+        it never heard from, since it learned of it (a peer that starts, or learns a
+        configuration, before the members' gossip reaches it has not yet had the time
+        to hear them); infinite for a peer it knows nothing of."""
         if peer_id == self.me:
             return 0.0
-        advanced_at = self._advanced_at.get(peer_id)
-        return float("inf") if advanced_at is None else self._clock() - advanced_at
+        since = self._advanced_at.get(peer_id, self._known_at.get(peer_id))
+        return float("inf") if since is None else self._clock() - since
 
     def _member(self, peer_id: str) -> bool:
         config = self.configuration
@@ -243,8 +282,10 @@ class MemberTable:
             if member.peer_id != self.me
             and (
                 self.silent_s(member.peer_id) > self.timeouts.failure_timeout_s
-                or (entry := self._entries.get(member.peer_id)) is None
-                or entry.status == "stopped"
+                or (
+                    (entry := self._entries.get(member.peer_id)) is not None
+                    and entry.status == "stopped"
+                )
             )
         )
 

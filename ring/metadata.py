@@ -103,6 +103,9 @@ class Metadata:
         # tells which configurations stopped being current shortly before it stopped).
         self._wall_clock = wall_clock
         self.learned_at: dict[int, float] = {}
+        # Every member caught up on every record at this epoch (``ring.settle``): the
+        # configurations before it are never asked again, after a restart either.
+        self.settled_epoch = 0
 
     # -- files --------------------------------------------------------------------------
 
@@ -117,6 +120,7 @@ class Metadata:
             else:
                 self.current, self.recent = answer.current, list(answer.recent)
                 self.learned_at = _learned_at(json.loads(self._saved.path.read_bytes()))
+                self.settled_epoch = answer.settled_epoch
         if self._slot_path.exists():
             try:
                 data = self._slot_path.read_bytes()
@@ -137,12 +141,38 @@ class Metadata:
             config
             for config, successor in itertools.pairwise(chain)
             if self.learned_at.get(successor.epoch, float("-inf")) >= horizon
+            and config.epoch >= self.settled_epoch
         ]
+
+    async def settled(self, epoch: int) -> None:
+        """Every member of ``epoch``'s configuration caught up on every record at it
+        (``ring.settle``): remember it, so a restart does not ask the rings before."""
+        async with self._lock:
+            if epoch <= self.settled_epoch or epoch > self.epoch:
+                return
+            log.info("records: every member caught up at epoch %d; rings before done", epoch)
+            self.settled_epoch = epoch
+            self._set_saved()
+        await asyncio.to_thread(self._saved.flush)
+
+    def _set_saved(self) -> None:
+        answer = self.answer()
+        assert answer is not None
+        saved = answer.to_json()
+        saved["learned_at"] = sorted(self.learned_at.items())
+        self._saved.set(json.dumps(saved).encode())
 
     def answer(self) -> ClusterAnswer | None:
         if self.current is None:
             return None
-        return ClusterAnswer(self.current, tuple(self.recent))
+        return ClusterAnswer(self.current, tuple(self.recent), self.settled_epoch)
+
+    async def learn_answer(self, answer: ClusterAnswer) -> bool:
+        """``learn`` the configurations of another peer's answer, and the epoch it knows
+        every member caught up at; True if a configuration was new."""
+        learned = await self.learn(answer.chain())
+        await self.settled(answer.settled_epoch)
+        return learned
 
     @property
     def epoch(self) -> int:
@@ -222,9 +252,7 @@ class Metadata:
             )  # fmt: skip
             kept = {c.epoch for c in self.recent} | {current.epoch}
             self.learned_at = {e: at for e, at in self.learned_at.items() if e in kept}
-            saved = ClusterAnswer(current, tuple(self.recent)).to_json()
-            saved["learned_at"] = sorted(self.learned_at.items())
-            self._saved.set(json.dumps(saved).encode())
+            self._set_saved()
         await asyncio.to_thread(self._saved.flush)
         return True
 

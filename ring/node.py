@@ -51,6 +51,7 @@ from ring.ratelimit import ForegroundGate, TokenBucket
 from ring.records import RecordStore
 from ring.repair import Repairer, RepairSettings
 from ring.scrubber import Scrubber
+from ring.settle import SETTLE_INTERVAL_S, Settler
 from ring.steward import Steward, StewardSettings
 from ring.transport import Timeouts as TransportTimeouts
 from ring.transport import Transport
@@ -165,6 +166,7 @@ class Node:
         self._collector: ChunkCollector | None = None
         self._acceptor: Acceptor | None = None
         self._steward: Steward | None = None
+        self._settler: Settler | None = None
 
     # Built in open(): they need the epoch read from disk.
     @property
@@ -268,9 +270,16 @@ class Node:
             ),
             self.clocks.monotonic,
             epoch=lambda: self.metadata.epoch,
+            settled_epoch=lambda: self.metadata.settled_epoch,
             history=self._history_at_start(sync_window_s),
         )  # fmt: skip
         self.metadata.listeners.append(self._acceptor.learned)
+        self._settler = Settler(
+            config.peer_id, self._acceptor, lambda: self.table, self.data_transport,
+            epoch=lambda: self.metadata.epoch, group=paxos.record_group(config.replication),
+            interval_s=min(SETTLE_INTERVAL_S, config.gossip_interval_s),
+            on_all_settled=self.metadata.settled,
+        )  # fmt: skip
         self._collector = ChunkCollector(
             config.peer_id, self._table, self.chunks, self.records, self.control_transport,
             GcSettings(config.gc_interval_s, config.gc_grace_s),
@@ -357,6 +366,8 @@ class Node:
             group.create_task(self.gossiper.run())
             group.create_task(self.steward.run())
             group.create_task(self._repair_when_ready())
+            assert self._settler is not None, "Node.open() first"
+            group.create_task(self._settler.run())
             group.create_task(self.scrubber.run())
             group.create_task(self._collect_when_ready())
             group.create_task(self._leave_when_asked())

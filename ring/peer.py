@@ -221,9 +221,15 @@ class Peer:
         # added moments ago is placed before its first heartbeat arrives here).
         table = self.node.table
         members = sum(1 for m in table.placement() if table.entry(m.peer_id) is not None)
+        # Whether no record waits for a catch-up from the rings before this one
+        # (``ring.settle``): after a change, until every member caught up.
+        settled = not self.node.acceptor.history()
         return web.json_response(
-            {"status": "ok", "peer_id": self.config.peer_id, "ready": ready, "members": members}
-        )
+            {
+                "status": "ok", "peer_id": self.config.peer_id, "ready": ready,
+                "members": members, "settled": settled,
+            }
+        )  # fmt: skip
 
     async def info(self, request: web.Request) -> web.Response:
         node = self.node
@@ -403,7 +409,13 @@ class Peer:
         if not 0 < limit <= api.LIST_LIMIT_MAX:
             raise ProtocolError(f"limit must be between 1 and {api.LIST_LIMIT_MAX}")
         if _flag_query(request, "scan"):
-            return web.json_response(records_api.scan_answer(self._scan(request, prefix, limit)))
+            # The epoch says which rounds it refuses: a peer catching up on every record
+            # counts only pages of its epoch or later (``ring.settle``).
+            epoch = str(self.node.metadata.epoch)
+            return web.json_response(
+                records_api.scan_answer(self._scan(request, prefix, limit)),
+                headers={api.HEADER_EPOCH: epoch},
+            )
         entries = self.records.list(prefix, limit, include_deleted=_flag_query(request, "deleted"))
         return web.json_response(
             {

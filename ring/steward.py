@@ -154,7 +154,7 @@ class Steward:
             except (SR3Error, TimeoutError) as exc:
                 log.info("no configuration from %s yet: %s", address, exc)
                 continue
-            await self.metadata.learn(answer.chain())
+            await self.metadata.learn_answer(answer)
             return
 
     async def fetch(self, address: str) -> ClusterAnswer:
@@ -168,7 +168,7 @@ class Steward:
     async def pull(self, address: str, epoch: int) -> None:
         """Learn from ``address``, which said it is at ``epoch``, if that is newer."""
         if epoch > self.metadata.epoch:
-            await self.metadata.learn((await self.fetch(address)).chain())
+            await self.metadata.learn_answer(await self.fetch(address))
 
     # -- removals -----------------------------------------------------------------------
 
@@ -308,7 +308,7 @@ class Steward:
                 continue
             causes.append(f"{peer_id}: {answer.code}")
             if answer.answer is not None:
-                lost = await self.metadata.learn(answer.answer.chain()) or lost
+                lost = await self.metadata.learn_answer(answer.answer) or lost
             if answer.promised is not None:
                 self._counter = max(self._counter, answer.promised.counter)
                 lost = True

@@ -85,15 +85,18 @@ def pick_port(hosts: Sequence[str], base_port: int) -> int:
     raise ConfigError(f"no free port in {base_port}..{base_port + PORT_TRIES_MAX} on {hosts[0]}..")
 
 
-def _healthy(address: str, members: int | None = None) -> bool:
+def _healthy(address: str, members: int | None = None, *, settled: bool = False) -> bool:
     """True once the peer answers and has learned the member table (it is ready), and,
-    given ``members``, once its table places that many members."""
+    given ``members``, once its table places that many members; with ``settled``, once
+    no record waits on a catch-up from the rings before (``ring.settle``)."""
     try:
         with urllib.request.urlopen(f"http://{address}{api.HEALTH.pattern}", timeout=0.5) as answer:
             health = json.loads(answer.read())
     except (urllib.error.URLError, OSError, ValueError):
         return False
     if not isinstance(health, dict) or not health.get("ready"):
+        return False
+    if settled and health.get("settled") is not True:
         return False
     return members is None or health.get("members") == members
 
@@ -225,8 +228,12 @@ class LocalCluster:
         if wait:
             # Starting the whole cluster: up means every peer places every member, so
             # that no client is handed the partial table of a peer still joining.
+            # And settled: a ring that formed one peer at a time first catches every
+            # record up from the rings of its formation (``ring.settle``).
             members = len(self.cluster.peers) if peer_id is None else None
-            self.wait_healthy([peer.peer_id for peer in targets], members=members)
+            self.wait_healthy(
+                [peer.peer_id for peer in targets], members=members, settled=peer_id is None
+            )
 
     def wait_healthy(
         self,
@@ -234,12 +241,16 @@ class LocalCluster:
         timeout_s: float = HEALTH_TIMEOUT_S,
         *,
         members: int | None = None,
+        settled: bool = False,
     ) -> None:
-        """Wait until these peers are ready (and, given ``members``, place that many)."""
+        """Wait until these peers are ready (and, given ``members``, place that many;
+        with ``settled``, have no record catch-up pending)."""
         deadline = time.monotonic() + timeout_s
         waiting = [self.peer(peer_id) for peer_id in peer_ids]
         while waiting:
-            waiting = [peer for peer in waiting if not _healthy(peer.address, members)]
+            waiting = [
+                peer for peer in waiting if not _healthy(peer.address, members, settled=settled)
+            ]
             for peer in waiting:
                 process = self._processes.get(peer.peer_id)
                 if process is not None and process.poll() is not None:

@@ -132,3 +132,31 @@ async def test_two_of_five_killed_leave_every_record_readable_and_writable_at_on
         print(f"30 reads and 30 writes with 2 of 5 peers dead: {took_s:.2f} s")
     finally:
         cluster.down(purge=True)
+
+
+async def test_the_founder_and_another_killed_right_after_formation_leave_records_writable(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    """Breaks: a ring that formed one peer at a time (peer-1 founded it alone, each
+    other peer joined in turn) loses its founder and one more peer right after it is up,
+    with the default flags (a catch-up window of minutes). Must hold: records are created,
+    read and updated at once through the three left: the peers caught up on every record
+    from the rings of the formation and forgot them (``ring.settle``), so no key waits
+    for a group of the formation that only the founder was in."""
+    cluster = start_cluster(tmp_path, 5)
+    try:
+        others = [p.peer_id for p in cluster.cluster.peers[1:]]
+        victims = ["peer-1", rng.choice(others)]
+        for victim in victims:
+            cluster.kill(victim)
+        seeds = ",".join(p.address for p in cluster.cluster.peers if cluster.running(p.peer_id))
+        keys = [f"formed/{index}-{rng.randrange(10**9)}" for index in range(20)]
+        async with Client(seeds, cluster.secret, options=FAST_CLOSE) as client:
+            for key in keys:
+                assert await client.put_record(key, key.encode(), expected_version=0) == 1
+            for key in keys:
+                record = await client.get_record(key)
+                assert record is not None and record.value == key.encode()
+                assert await client.put_record(key, b"again", expected_version=1) == 2
+    finally:
+        cluster.down(purge=True)

@@ -35,11 +35,7 @@ from support import SEED, SEED_ENV
 
 
 @pytest.mark.slow
-# late-founder reproduces an open bug (a founder started after the others is never
-# gossiped with and is removed and re-added endlessly: gossip targets ignore the
-# configuration's members, a member never heard from counts as silent forever); it runs
-# in `make faults`, not in CI, until that is fixed.
-@pytest.mark.parametrize("nemesis", [name for name in NEMESES if name != "late-founder"])
+@pytest.mark.parametrize("nemesis", list(NEMESES))
 def test_records_and_membership_hold_under_the_nemesis(
     nemesis: str, rng: random.Random, tmp_path: Path
 ) -> None:

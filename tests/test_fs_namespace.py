@@ -261,11 +261,7 @@ async def test_a_coordinator_killed_mid_write_leaves_the_file_whole(
     way. Must hold: the client finishes through the next seed (the retry carries the
     same operation id, so it is not refused as "exists" if the first got through), and
     the file reads back byte-identical."""
-    # Past the catch-up window of the ring's forming epochs first (failure timeout + 3
-    # repair intervals): within it, a peer that joined after the founder catches up on
-    # every new key from it, and the founder is the peer killed here (docs/records.md).
-    cluster = make_cluster(4, peer_flags=["--repair-interval", "1"])
-    await asyncio.sleep(5.0 + 3 * 1.0 + 1.0)
+    cluster = make_cluster(4)
     first, second = cluster.cluster.addresses[:2]
     path = f"{_root(rng)}/big.bin"
     data = rng.randbytes(40 * 1024 * 1024)
