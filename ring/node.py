@@ -65,6 +65,9 @@ LEAVE_TIMEOUT_S = 600.0
 # After announcing ``left``, how long a peer waits for a client to read that its
 # hand-over is done before it exits anyway (``sr3 peer leave --no-wait``).
 LEFT_LINGER_S = 10.0
+# How long a leaving peer, its data handed over, waits for every remaining member to
+# have caught up on its records at the epoch without it (``ring.settle``).
+LEAVE_SETTLE_WAIT_S = 60.0
 CONTROL_TIMEOUTS = TransportTimeouts(connect_s=1.0, read_s=3.0)
 # Burst of the emulated egress link: small next to a chunk, so the cap holds over
 # fractions of a second.
@@ -423,6 +426,31 @@ class Node:
         self.leaving.set()
         return progress
 
+    async def _wait_until_caught_up(self) -> None:
+        """Until every member of the configuration without this peer announced that it
+        caught up on its records there (so a leave leaves no catch-up behind it: two
+        peers lost right after it cost no record its availability)."""
+
+        def caught_up() -> bool:
+            config = self.metadata.current
+            return config is not None and self.table.all_settled(config)
+
+        async def look() -> None:
+            """Gossip brings the announcements; the loop only looks at them."""
+
+        try:
+            async with asyncio.timeout(LEAVE_SETTLE_WAIT_S):
+                await run_periodic(
+                    "waiting for the members to catch up", look,
+                    min(0.2, self.config.gossip_interval_s), until=caught_up,
+                    clock=self.clocks.monotonic,
+                )  # fmt: skip
+        except TimeoutError:
+            log.warning(
+                "leaving: not every member caught up on its records within %.0f s; the "
+                "data is handed over, leaving anyway", LEAVE_SETTLE_WAIT_S,
+            )  # fmt: skip
+
     async def leave(self) -> None:
         """Hand over every chunk and record, then announce ``left`` and exit; back
         ``up`` with its data if that does not finish within ``LEAVE_TIMEOUT_S``."""
@@ -450,6 +478,7 @@ class Node:
         except TimeoutError:
             await self._abandon_leave()
             return
+        await self._wait_until_caught_up()
         done = self.handover.finish()
         log.info(
             "peer %s handed over %d chunks (%d bytes) and %d records",

@@ -136,6 +136,21 @@ async def test_leave_returns_once_everything_is_on_r_peers_without_the_leaver(
     assert summary.startswith(f"{leaver} has left the ring: handed over {report.chunks} chunks")
     assert f"{report.records} records" in summary and "on 3 peers without it" in summary
 
+    # No catch-up left behind the leave: every remaining peer caught up on its records at
+    # the epoch without the leaver, so two more lost at once cost no record.
+    async with HttpProbe(cluster.secret) as probe:
+        for peer_id in remaining:
+            health = await probe.signed(cluster.peer(peer_id).address, "GET", api.HEALTH.pattern)
+            assert health.json()["settled"] is True, (peer_id, health.json())
+    lost = rng.sample(remaining, 2)
+    for peer_id in lost:
+        await asyncio.to_thread(cluster.kill, peer_id)
+    ring = ",".join(cluster.peer(p).address for p in remaining if p not in lost)
+    async with Client(ring, cluster.secret) as client:
+        for key, value in values.items():
+            record = await client.get_record(key)
+            assert record is not None and record.value == value, key
+
 
 @pytest.mark.slow
 async def test_a_leaver_that_dies_mid_hand_over_is_no_success(
