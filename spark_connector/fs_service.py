@@ -151,7 +151,7 @@ class Namespace:
         """The file or directory at ``path`` (one record read)."""
         if path == ROOT:
             return _Found(Stat(ROOT, "directory", 0, 0, 0))
-        record = await self.client.get_record(fs_api.path_key(path), allow_stale=True)
+        record = await self.client.get_record(fs_api.path_key(path))
         if record is None:
             return _Found(None)
         entry = decode_entry(record.value)
@@ -263,7 +263,7 @@ class Namespace:
         for _page in range(LIST_PAGES_MAX):
             scan = await self.client.scan_records(
                 prefix, limit=limit, after=prefix + cursor if cursor else "", delimiter=True,
-                head_bytes=STAT_BYTES, allow_stale=True,
+                head_bytes=STAT_BYTES,
             )  # fmt: skip
             for record in scan.records:
                 name = record.key[len(prefix) :]
@@ -290,7 +290,7 @@ class Namespace:
         async def one(name: str) -> None:
             async with slots:
                 scan = await self.client.scan_records(
-                    f"{prefix}{name}/", limit=IMPLIED_CHECK_RECORDS, allow_stale=True
+                    f"{prefix}{name}/", limit=IMPLIED_CHECK_RECORDS
                 )
             if scan.records or scan.truncated:  # truncated: not known empty, so shown
                 live.append(name)
@@ -494,7 +494,6 @@ class Namespace:
         for _page in range(DELETE_PAGES_MAX):
             scan = await self.client.scan_records(
                 prefix, limit=fs_api.LIST_LIMIT_MAX, after=cursor, head_bytes=STAT_BYTES,
-                allow_stale=True,
             )  # fmt: skip
             try:
                 async with asyncio.TaskGroup() as group:
@@ -518,7 +517,7 @@ class Namespace:
         ``LIST_PAGES_MAX`` pages: beyond that, taken as holding something)."""
         cursor = ""
         for _page in range(LIST_PAGES_MAX):
-            scan = await self.client.scan_records(prefix, limit=1, after=cursor, allow_stale=True)
+            scan = await self.client.scan_records(prefix, limit=1, after=cursor)
             if scan.records:
                 return True
             if not scan.truncated:
@@ -534,7 +533,7 @@ class Namespace:
         expected: int | None = version
         for _attempt in range(CAS_ATTEMPTS_MAX):
             if expected is None:
-                current = await self.client.get_record(key, allow_stale=True)
+                current = await self.client.get_record(key)
                 if current is None or decode_entry(current.value).type != kind:
                     return 0
                 expected = current.version

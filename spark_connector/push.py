@@ -216,9 +216,7 @@ class Pusher:
         if checked_at - self._referenced_at < self.recheck_s:
             return True
         batch_id, version = self._referencing
-        record = self._client.get_record(
-            manifest_key(self.query, batch_id), include_deleted=True, allow_stale=True
-        )
+        record = self._client.get_record(manifest_key(self.query, batch_id), include_deleted=True)
         if record is None or record.deleted or record.version != version:
             log.info(
                 "sr3 manifest %d of query %s was deleted or replaced: uploading every file "

@@ -83,9 +83,9 @@ class RestoreReport:
 def read_manifest(client: SyncClient, query: str, batch_id: int) -> Manifest | None:
     """The manifest of ``query``'s batch ``batch_id``, or None when the ring has none.
 
-    A manifest is written once, so a restore after more than R - W of its replicas were
-    lost reads it from those left (``allow_stale``) rather than not at all."""
-    record = client.get_record(manifest_key(query, batch_id), allow_stale=True)
+    Read decided, as every record: with R - 1 of its 2R - 1 acceptors lost it still is;
+    with more, ``DataUnavailable`` rather than an answer that may be stale."""
+    record = client.get_record(manifest_key(query, batch_id))
     return None if record is None else Manifest.from_json(json.loads(record.value))
 
 

@@ -167,9 +167,9 @@ class Client:
         return await self.chunks.get_blob(await self.lookup_file(key))
 
     async def file_info(self, key: str) -> FileInfo:
-        """What is stored under ``key``; ``NotFound`` when nothing is. Read from the
-        acceptors that are up when too few are for a quorum (``FileInfo.settled``)."""
-        record = await self.get_record(BLOB_KEY_PREFIX + key, allow_stale=True)
+        """What is stored under ``key``; ``NotFound`` when nothing is. Read decided
+        (``DataUnavailable`` when more than R - 1 of its record's acceptors are lost)."""
+        record = await self.get_record(BLOB_KEY_PREFIX + key)
         if record is None:
             raise NotFound(f"no file is stored under key {key!r}")
         ref = _parse_ref(key, record.value)
