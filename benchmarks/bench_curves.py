@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ring import api
 from ring.codec import compact_json
 from ring.gossip import FANOUT_DEFAULT
+from ring.gossip_wire import GossipMessage, encode_ages, encode_message, table_digest
 from ring.membership import Entry
 from ring.paxos import Ballot, Value
 from ring.records import RecordStore
@@ -104,17 +105,32 @@ def peers_curve(work: Path, size: str) -> None:
 # -- gossip bytes vs ring size ------------------------------------------------------------
 
 
-def gossip_model(peers: int, fanout: int = FANOUT_DEFAULT, interval_s: float = 1.0) -> float:
-    """Bytes per second one peer sends and receives in gossip, in a ring of ``peers``:
-    each round it starts ``fanout`` exchanges and answers about as many, each carrying
-    the whole member table both ways."""
-    entries = [
+def _model_entries(peers: int) -> list[Entry]:
+    return [
         Entry(f"peer-{n:04d}", f"10.0.{n // 250}.{n % 250 + 1}:7401", "", "up",
-              1_764_000_000_000 + n, 100_000 + n)
+              1_764_000_000_000 + n, 100_000 + n, 41)
         for n in range(peers)
     ]  # fmt: skip
-    table_bytes = len(compact_json(api.member_table_body(entries)))
+
+
+def gossip_model(peers: int, fanout: int = FANOUT_DEFAULT, interval_s: float = 1.0) -> float:
+    """Bytes per second one peer sends and receives in gossip, in a ring of ``peers``
+    whose tables agree (``ring.gossip_wire``): each round it starts ``fanout`` exchanges
+    and answers about as many, each carrying the epoch, the table's digest and one byte
+    of age per peer both ways."""
+    entries = _model_entries(peers)
+    message = GossipMessage(41, table_digest(entries), encode_ages([0.5] * peers), None, False)
+    body_bytes = len(compact_json(encode_message(message)))
     exchanges = 2 * min(fanout, peers - 1)  # started and answered
+    return exchanges * 2 * (body_bytes + GOSSIP_HEADER_BYTES) / interval_s
+
+
+def gossip_model_whole_tables(
+    peers: int, fanout: int = FANOUT_DEFAULT, interval_s: float = 1.0
+) -> float:
+    """The same with the whole member table in every message (before digests)."""
+    table_bytes = len(compact_json(api.member_table_body(_model_entries(peers))))
+    exchanges = 2 * min(fanout, peers - 1)
     return exchanges * 2 * (table_bytes + GOSSIP_HEADER_BYTES) / interval_s
 
 
@@ -158,7 +174,14 @@ def gossip_curve(work: Path, window_s: float) -> None:
         real.append({"peers": peers, "bytes_s_median": statistics.median(rates),
                      "bytes_s_max": max(rates)})  # fmt: skip
         print(f"{peers} peers: {statistics.median(rates) / 1000:.1f} kB/s per peer", flush=True)
-    model = [{"peers": n, "bytes_s": gossip_model(n)} for n in GOSSIP_MODEL]
+    model = [
+        {
+            "peers": n,
+            "bytes_s": gossip_model(n),
+            "bytes_s_whole_tables": gossip_model_whole_tables(n),
+        }
+        for n in GOSSIP_MODEL
+    ]
     save("gossip", {"interval_s": 1.0, "fanout": FANOUT_DEFAULT, "window_s": window_s,
                     "real": real, "model": model})  # fmt: skip
 
@@ -292,7 +315,11 @@ def _plot_gossip(figure: Any) -> None:
     data = load("gossip")
     axes = figure.add_subplot(1, 1, 1)
     axes.plot([p["peers"] for p in data["model"]], [p["bytes_s"] / 1000 for p in data["model"]],
-              label="model (member table x exchanges)")  # fmt: skip
+              label="model (digest + ages x exchanges)")  # fmt: skip
+    whole = [p.get("bytes_s_whole_tables") for p in data["model"]]
+    if all(whole):
+        axes.plot([p["peers"] for p in data["model"]], [w / 1000 for w in whole], "--",
+                  label="model, whole tables (before)")  # fmt: skip
     real = data["real"]
     axes.plot([p["peers"] for p in real], [p["bytes_s_median"] / 1000 for p in real], "o",
               label="measured, real peers (median)")  # fmt: skip

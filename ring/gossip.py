@@ -1,8 +1,10 @@
 """Heartbeats and member-table gossip over the peers' HTTP API.
 
-Every ``interval_s`` a peer advances its own heartbeat and exchanges its whole member
-table with up to ``fanout`` peers chosen with a seeded generator (``POST /v1/gossip``):
-each side merges what the other knows. A peer that knows nobody yet (it is joining)
+Every ``interval_s`` a peer advances its own heartbeat and exchanges what it knows with
+up to ``fanout`` peers chosen with a seeded generator (``POST /v1/gossip``): each side
+merges what the other knows. An exchange carries a digest of the table and how long ago
+the sender heard from each peer, and the whole table only when the digests differ
+(``ring.gossip_wire``). A peer that knows nobody yet (it is joining)
 gossips with its seeds and with the contacts the Kademlia overlay found. Tables are
 bounded (``MEMBERS_MAX`` entries), so are requests (timeouts) and rounds (``fanout``).
 
@@ -24,6 +26,15 @@ from dataclasses import dataclass
 from ring import api
 from ring.codec import compact_json
 from ring.errors import SR3Error
+from ring.gossip_wire import (
+    AGE_NONE,
+    AGE_UNIT_S,
+    GossipMessage,
+    decode_message,
+    encode_ages,
+    encode_message,
+    table_digest,
+)  # fmt: skip
 from ring.loops import run_periodic
 from ring.membership import Entry, MemberTable
 from ring.transport import Transport
@@ -92,43 +103,84 @@ class Gossiper:
         # kilobyte of HTTP and signing headers): exchanges this peer started and answered.
         self.traffic = GossipTraffic()
 
-    def _body(self) -> bytes:
-        return compact_json(api.member_table_body(self.table.entries(), self.epoch()))
+    def _message(self, *, full: bool, want: bool = False) -> bytes:
+        entries = self.table.entries()
+        message = GossipMessage(
+            self.epoch(), table_digest(entries), encode_ages(self.table.heard_ago()),
+            tuple(entries) if full else None, want,
+        )  # fmt: skip
+        return compact_json(encode_message(message))
 
-    def receive(self, body: bytes) -> bytes:
-        """Handle an incoming exchange: merge it, answer with our table (the partner
-        compares configuration epochs: it starts the exchange, so it pulls or pushes)."""
-        changed = self.table.merge(api.parse_member_table(api.parse_json_object(body)))
+    def _take(self, message: GossipMessage) -> list[str]:
+        """Merge a partner's message: its entries if it sent them, and the ages it
+        heard each peer at (by its table's order: the entries it sent, or ours when the
+        digests match). The peer ids that are new or changed."""
+        changed: list[str] = []
+        if message.members is not None:
+            changed = self.table.merge(message.members)
+            ids = [entry.peer_id for entry in message.members]
+        elif message.digest == table_digest(self.table.entries()):
+            ids = [entry.peer_id for entry in self.table.entries()]
+        else:
+            ids = []
+        if len(message.ages) == len(ids):
+            for peer_id, age in zip(ids, message.ages, strict=True):
+                if age != AGE_NONE:
+                    self.table.heard(peer_id, age * AGE_UNIT_S)
         if changed:
             log.info("member table: learned %s", ", ".join(changed))
             self._changed = True
-        answer = self._body()
+        return changed
+
+    def receive(self, body: bytes) -> bytes:
+        """Handle an incoming exchange: merge it, answer with our ages, and with our
+        whole table when the digests differ (asking for the partner's if it sent only
+        its digest). The partner compares configuration epochs: it starts the exchange,
+        so it pulls or pushes."""
+        message = decode_message(api.parse_json_object(body))
+        self._take(message)
+        if not message.digest:
+            # A peer before digests: it reads whole tables only.
+            answer = compact_json(api.member_table_body(self.table.entries(), self.epoch()))
+        else:
+            # Compared after merging what it sent: when it sent its table and ours held
+            # nothing more, the tables agree now and ours need not go back.
+            differ = message.digest != table_digest(self.table.entries())
+            answer = self._message(full=differ, want=differ and message.members is None)
         self.traffic.count(received=len(body), sent=len(answer))
         return answer
 
     _changed = False
 
-    async def exchange(self, address: str) -> bool:
-        body = self._body()
+    async def _send(self, address: str, body: bytes) -> GossipMessage:
+        answer = await self._transport.request(
+            address, api.GOSSIP.method, api.GOSSIP.pattern, body=body, any_target=True
+        )
+        self.traffic.count(received=len(answer.body), sent=len(body))
+        return decode_message(api.parse_json_object(answer.body))
+
+    async def exchange(self, address: str, *, full: bool = False) -> bool:
+        """One exchange with ``address`` (``full``: send the whole table at once)."""
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
-                answer = await self._transport.request(
-                    address, api.GOSSIP.method, api.GOSSIP.pattern, body=body, any_target=True
-                )
-            self.traffic.count(received=len(answer.body), sent=len(body))
-            data = answer.json()
-            theirs = api.parse_member_table(data)
-            changed = self.table.merge(theirs)
-            epoch = api.parse_cluster_epoch(data)
-            if epoch != self.epoch() and self.on_epoch is not None:
-                await self.on_epoch(address, epoch)
+                message = await self._send(address, self._message(full=full))
+                changed = self._take(message)
+                if message.want:
+                    # The digests differed: it sent its table and wants ours.
+                    message = await self._send(address, self._message(full=True))
+                    changed += self._take(message)
+            if message.cluster_epoch != self.epoch() and self.on_epoch is not None:
+                await self.on_epoch(address, message.cluster_epoch)
         except (SR3Error, TimeoutError) as exc:
             log.debug("gossip with %s failed: %s", address, exc)
             return False
-        if changed:
-            log.info("member table: learned %s from %s", ", ".join(changed), address)
-            self._changed = True
-        elif _ids(theirs) == _ids(self.table.entries()) and self.table.configuration is not None:
+        entries = self.table.entries()
+        same = (
+            message.digest == table_digest(entries)
+            if message.digest
+            else message.members is not None and _ids(message.members) == _ids(entries)
+        )
+        if not changed and same and self.table.configuration is not None:
             # Ready once a partner's table and ours name the same members, not after the
             # first answer: a joining peer's first partner may itself know only part of
             # the ring, and a client handed that part places and looks for data wrongly.
@@ -199,6 +251,6 @@ class Gossiper:
         try:
             async with asyncio.timeout(timeout_s), asyncio.TaskGroup() as group:
                 for address in addresses:
-                    group.create_task(self.exchange(address))
+                    group.create_task(self.exchange(address, full=True))
         except TimeoutError:
             log.warning("announcing %s did not reach every peer within %.0f s", status, timeout_s)

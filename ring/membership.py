@@ -233,6 +233,26 @@ class MemberTable:
     def entry(self, peer_id: str) -> Entry | None:
         return self._entries.get(peer_id)
 
+    def heard_ago(self) -> list[float | None]:
+        """For each entry (in ``entries()`` order), how long ago this peer last heard
+        from it: 0 for itself, None for a peer it never heard from."""
+        now = self._clock()
+        return [
+            0.0 if e.peer_id == self.me
+            else None if (at := self._advanced_at.get(e.peer_id)) is None
+            else max(0.0, now - at)
+            for e in self.entries()
+        ]  # fmt: skip
+
+    def heard(self, peer_id: str, ago_s: float) -> None:
+        """Another peer heard from ``peer_id`` ``ago_s`` seconds ago (gossip): counts as
+        hearing from it then, if that is more recent than this peer did."""
+        if peer_id == self.me or peer_id not in self._entries:
+            return
+        at = self._clock() - ago_s
+        if at > self._advanced_at.get(peer_id, float("-inf")):
+            self._advanced_at[peer_id] = at
+
     # -- liveness -----------------------------------------------------------------------
 
     def silent_s(self, peer_id: str) -> float:

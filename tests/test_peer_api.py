@@ -125,6 +125,7 @@ async def test_health_needs_no_credentials(ring: LocalCluster) -> None:
                 "peer_id": peer.peer_id,
                 "ready": True,
                 "members": 5,
+                "settled": True,
             }
 
 
