@@ -73,6 +73,7 @@ class Settler:
         # Told each time every member announced the epoch (``Metadata.settled`` keeps it).
         self._on_all_settled = on_all_settled
         self.passes = 0
+        self._last_said = ""
 
     async def run(self) -> None:
         await run_periodic(
@@ -127,10 +128,14 @@ class Settler:
             return False
         missing = self._uncovered(history, current, answered)
         if missing:
-            log.info(
-                "catching up on every record at epoch %d: no majority answered of %s",
-                epoch, ", ".join(missing),
-            )  # fmt: skip
+            said = (
+                f"catching up on every record at epoch {epoch}: no majority answered of "
+                f"{len(missing)} old groups ({', '.join(missing[:3])}"
+                f"{', ...' if len(missing) > 3 else ''}); retrying"
+            )
+            # Once per change of what is missing, not every pass.
+            (log.info if said != self._last_said else log.debug)(said)
+            self._last_said = said
             return False
         return True
 

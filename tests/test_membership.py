@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -271,10 +272,15 @@ async def test_durations_of_a_node_ignore_wall_steps_and_stored_times_use_wall(
     assert node.clock() == time.wall_now  # request signatures: compared across machines
 
 
-def save_configurations(data_dir: Path, learned_s_ago: float, wall_now: float) -> None:
+def save_configurations(
+    data_dir: Path, learned_s_ago: float, wall_now: float, settled_epoch: int = 0
+) -> None:
     """A saved configuration file: epoch 1 placed keys on p2 alone, epoch 2 (learned
-    ``learned_s_ago``) on p1 and p2, so p1 gained every key at epoch 2."""
-    answer = ClusterAnswer(configured("p1", "p2", epoch=2), (configured("p2", epoch=1),))
+    ``learned_s_ago``) on p1 and p2, so p1 gained every key at epoch 2; every member
+    caught up at ``settled_epoch`` (``ring.settle``)."""
+    answer = ClusterAnswer(
+        configured("p1", "p2", epoch=2), (configured("p2", epoch=1),), settled_epoch
+    )
     saved = {**answer.to_json(), "learned_at": [[2, wall_now - learned_s_ago]]}
     (data_dir / "cluster").mkdir(parents=True, exist_ok=True)
     (data_dir / "cluster" / "config.json").write_text(json.dumps(saved))
@@ -290,6 +296,8 @@ def save_configurations(data_dir: Path, learned_s_ago: float, wall_now: float) -
         ("replaced_long_ago", False),
         # Replaced within the window before it stopped: catch-ups may not have finished.
         ("replaced_recently", True),
+        # The same, but every member had caught up at epoch 2: epoch 1 is done.
+        ("replaced_recently_and_settled", False),
         # Records written before configurations existed: what it missed is unknown.
         ("records_without_configuration", True),
     ],
@@ -306,6 +314,8 @@ async def test_a_restarted_peer_catches_up_only_on_what_may_have_moved_while_it_
         save_configurations(tmp_path, 3600.0, time.wall_now)
     elif case == "replaced_recently":
         save_configurations(tmp_path, 2.0, time.wall_now)
+    elif case == "replaced_recently_and_settled":
+        save_configurations(tmp_path, 2.0, time.wall_now, settled_epoch=2)
     elif case == "records_without_configuration":
         old, _ = node_table(tmp_path / "old", time)
         await old.records.accept("manifest/q/0", Ballot(1, "ab"), Value(1, b"v", op="01"))
@@ -342,3 +352,33 @@ async def test_a_peer_that_gains_keys_by_a_decided_epoch_catches_up_on_them(
     assert not any(node.acceptor.needs_catch_up(key) for key in kept - moved)
     await node.metadata.learn([configured("p1", "p2", "p4", "p5", "p6", "p7", epoch=4)])
     assert all(node.acceptor.needs_catch_up(key) for key in after)
+
+
+async def test_once_every_member_caught_up_the_rings_before_are_forgotten_for_good(
+    tmp_path: Path,
+) -> None:
+    """Breaks: p1 gains keys at epoch 2 (epoch 1 placed them on p2 alone); every member
+    then announces it caught up at epoch 2. Must hold: p1 needs a catch-up before the
+    announcement and none after; the knowledge is saved, so after a restart within the
+    window it still needs none; a later epoch makes p1 catch up from epoch 2's ring only
+    (a key p1 held all along at epoch 2 needs nothing from epoch 1)."""
+    time = SteppedClocks()
+    save_configurations(tmp_path, 2.0, time.wall_now)
+    node, table = node_table(tmp_path, time)
+    assert node.acceptor.needs_catch_up("manifest/q/1")
+    table.merge([replace(entry("p2", heartbeat=9), settled=2)])
+    assert not table.all_settled(configured("p1", "p2", epoch=2))
+    table.set_settled(2)
+    assert table.all_settled(configured("p1", "p2", epoch=2))
+    await node.metadata.settled(2)
+    assert not node.acceptor.needs_catch_up("manifest/q/1")
+    again, _ = node_table(tmp_path, time)
+    assert again.metadata.settled_epoch == 2
+    assert not again.acceptor.needs_catch_up("manifest/q/1")
+    await again.metadata.learn([configured("p1", "p2", "p3", epoch=3)])
+    moved = [
+        key for key in (f"k/{n}" for n in range(100))
+        if set(again.acceptor.preferred(key)) != {"p1", "p2"}
+    ]  # fmt: skip
+    assert moved and all(again.acceptor.needs_catch_up(key) for key in moved)
+    assert [ring is not None and len(ring) for ring in again.acceptor.history()] == [2]
