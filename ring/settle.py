@@ -114,13 +114,16 @@ class Settler:
         limit = asyncio.Semaphore(SCANS_AT_ONCE)
         catch_ups = asyncio.Semaphore(CATCH_UPS_AT_ONCE)
 
-        async def scan(peer_id: str) -> bool:
+        async def scan(peer_id: str) -> tuple[bool, bool]:
             async with limit:
                 return await self._scan(peer_id, addresses[peer_id], epoch, current, catch_ups)
 
         peers = sorted(addresses)
         results = await asyncio.gather(*(scan(peer_id) for peer_id in peers))
-        answered = {peer_id for peer_id, ok in zip(peers, results, strict=True) if ok}
+        if any(caught_up is False for _listed, caught_up in results):
+            # A key listed could not be caught up on: not done, whatever else answered.
+            return False
+        answered = {peer_id for peer_id, (listed, _) in zip(peers, results, strict=True) if listed}
         table = self._table()
         answered |= {p for p in addresses if table.entry(p) and table.liveness(p) == "left"}
         answered.add(self._me)
@@ -162,10 +165,10 @@ class Settler:
 
     async def _scan(
         self, peer_id: str, address: str, epoch: int, current: Ring, catch_ups: asyncio.Semaphore
-    ) -> bool:
+    ) -> tuple[bool, bool]:
         """List every record ``peer_id`` holds and catch up on those this peer answers
-        for; whether it answered every page at ``epoch`` or later and each catch-up
-        succeeded."""
+        for: whether it answered every page at ``epoch`` or later, and whether every
+        catch-up of a key it listed succeeded."""
         after = ""
         for _page in range(PAGES_MAX):
             path = records_api.records_scan_path("", PAGE_RECORDS, after=after)
@@ -175,9 +178,9 @@ class Settler:
                 page = records_api.parse_scan_answer(answer.json(), PAGE_RECORDS)
             except (SR3Error, ProtocolError, ValueError) as exc:
                 log.debug("catching up: %s gave no scan page: %s", peer_id, exc)
-                return False
+                return False, True
             if at < epoch:
-                return False
+                return False, True
             keys = [
                 record.key
                 for record in page.records
@@ -195,8 +198,8 @@ class Settler:
                     return True
 
             if not all(await asyncio.gather(*(catch_up(key) for key in keys))):
-                return False
+                return True, False
             if not page.truncated:
-                return True
+                return True, True
             after = page.last
-        return False
+        return False, True
