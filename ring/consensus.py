@@ -22,6 +22,9 @@ does: those refuse proposers that still use the old ones, so no value can be cho
 among the old acceptors afterwards without one of them. Until it has them, it answers
 503 ``syncing`` and the proposer counts it as unavailable. After the window, repair has
 moved slots to their new owners (it pushes them as accepts, ``RecordStore.accept``).
+Sooner, as a rule: every member catches up on all its keys in the background after each
+epoch (``ring.settle``), and once every member announced it, the rings before that
+epoch leave the history (``settled_epoch``).
 
 Where this stops: more than a minority of a key's previous acceptors lost at once leaves
 a new owner unable to catch up (it answers 503 ``syncing`` until enough come back).
