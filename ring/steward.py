@@ -349,16 +349,19 @@ class Steward:
 
     # -- spreading ----------------------------------------------------------------------
 
-    async def push_to(self, address: str) -> None:
-        """Tell the peer at ``address`` (a gossip partner behind) the configuration."""
-        answer = self.metadata.answer()
-        if answer is None:
-            return
+    async def _tell(self, address: str, body: bytes, *, any_target: bool = False) -> None:
+        """``POST /v1/cluster/learn`` to ``address``, within ``LEARN_PUSH_TIMEOUT_S``."""
         async with asyncio.timeout(LEARN_PUSH_TIMEOUT_S):
             await self._transport.request(
                 address, api.CLUSTER_LEARN.method, api.CLUSTER_LEARN.pattern,
-                body=compact_json(answer.to_json()), any_target=True,
+                body=body, any_target=any_target,
             )  # fmt: skip
+
+    async def push_to(self, address: str) -> None:
+        """Tell the peer at ``address`` (a gossip partner behind) the configuration."""
+        answer = self.metadata.answer()
+        if answer is not None:
+            await self._tell(address, compact_json(answer.to_json()), any_target=True)
 
     async def push(self, config: Configuration, also: Iterable[Member] = ()) -> None:
         """Tell every member of ``config`` (and ``also``) about it, best effort, each
@@ -373,11 +376,7 @@ class Steward:
         async def one(member: Member) -> None:
             async with slots:
                 try:
-                    async with asyncio.timeout(LEARN_PUSH_TIMEOUT_S):
-                        await self._transport.request(
-                            member.address, api.CLUSTER_LEARN.method, api.CLUSTER_LEARN.pattern,
-                            body=body,
-                        )  # fmt: skip
+                    await self._tell(member.address, body)
                 except (SR3Error, TimeoutError) as exc:
                     log.debug("epoch %d not pushed to %s: %s", config.epoch, member.peer_id, exc)
 
