@@ -196,10 +196,6 @@ class Acceptor:
         ]  # fmt: skip
         return [ring for _at, ring, _epoch in self._history]
 
-    def covered(self) -> bool:
-        """Whether this peer caught up on every key it answers for at its epoch."""
-        return not self.history() or self.covered_epoch == self._epoch()
-
     def cover(self, epoch: int) -> None:
         """Every key this peer answers for at ``epoch`` was caught up on (``ring.settle``)."""
         self.covered_epoch = epoch
@@ -209,7 +205,7 @@ class Acceptor:
         catch-up pending for any key: it caught up at this epoch, or no ring within
         the window placed keys elsewhere and it did not start within it unless it knew
         it was away briefly)."""
-        return self.covered()
+        return not self.history() or self.covered_epoch == self._epoch()
 
     def _check_view(self, key: str, view: RoundView) -> None:
         epoch = self._epoch()
@@ -231,15 +227,12 @@ class Acceptor:
     def needs_catch_up(self, key: str) -> bool:
         """Whether this peer may hold less than it should for ``key``: a ring current
         within the window (or a time it was not running) had other acceptors for it."""
-        if self.covered() or key in self._synced:
+        if self.settled() or key in self._synced:
             return False
         return bool(self._sources(key))
 
     async def catch_up(self, key: str) -> None:
         """Catch up on ``key`` if it needs it (``Syncing`` if enough peers do not answer)."""
-        await self._sync(key)
-
-    async def _sync(self, key: str) -> None:
         if not self.needs_catch_up(key):
             return
         lock = self._syncing.setdefault(key, asyncio.Lock())
@@ -353,17 +346,17 @@ class Acceptor:
         peer catching up (``view`` None: as it is, never waiting on others)."""
         if view is not None:
             self._check_view(key, view)
-            await self._sync(key)
+            await self.catch_up(key)
         return await self._records.slot(key)
 
     async def prepare(self, key: str, ballot: Ballot, view: RoundView) -> Slot | Preempted:
         self._check_view(key, view)
-        await self._sync(key)
+        await self.catch_up(key)
         return await self._records.prepare(key, ballot)
 
     async def accept(
         self, key: str, ballot: Ballot, value: Value, following: Ballot | None, view: RoundView
     ) -> Slot | Preempted:
         self._check_view(key, view)
-        await self._sync(key)
+        await self.catch_up(key)
         return await self._records.accept(key, ballot, value, following)
