@@ -438,6 +438,8 @@ class InfoSummary:
     repair_rounds: int | None
     chunks_under_replicated: int | None
     chunks_lost: int | None
+    # Chunks the peer found corrupt that no member had a good copy of.
+    chunks_unrecoverable: tuple[str, ...] = ()
 
 
 def _optional_int(value: Any) -> int | None:
@@ -457,9 +459,18 @@ def parse_info(answer: Any) -> InfoSummary:
             _optional_int(repair.get("rounds")),
             _optional_int(last.get("chunks_under_replicated")),
             _optional_int(last.get("chunks_lost")),
+            _chunk_ids(answer.get("chunks_unrecoverable") or []),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed peer info: {exc!r}") from exc
+
+
+def _chunk_ids(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > EXISTS_IDS_MAX:
+        raise ValueError(f"a list of at most {EXISTS_IDS_MAX} chunk ids")
+    if not all(isinstance(item, str) and codec.is_chunk_id(item) for item in value):
+        raise ValueError("chunk ids are 32 lowercase hex digits")
+    return tuple(value)
 
 
 def member_table_body(entries: Iterable[Entry], cluster_epoch: int = 0) -> dict[str, Any]:

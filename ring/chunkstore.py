@@ -5,10 +5,17 @@ Chunks live under ``<data>/chunks/<first two hex digits>/<chunk id>`` in their s
 the directory fsynced, so a crash leaves either the whole chunk or nothing. Where the
 file system takes it, the write bypasses the page cache (``O_DIRECT``,
 ``ring.files.DirectIO``), and so do reads: a chunk is written once and read rarely, and
-a peer should not fill the page cache with it. A chunk's stored form is checked before
-it is written (``codec.check_before_write``), its header and payload checksum on every
-read, and its content by every reader and the scrubber; a file that fails is moved to
-``<data>/quarantine`` and reported, never served.
+a peer should not fill the page cache with it.
+
+What is checked where: before a chunk is written, everything (``codec.check_before_write``:
+header, checksum, and the content against its address, decompressed). A copy checked in
+full since this process started (written, served or scrubbed) is *verified*: a read
+checks its header and payload checksum, which catch what can happen to it since (rot, a
+torn write). A copy not verified yet (stored by an earlier run, or by a version that
+checked less) is checked in full before it is served or counted as present for a
+duplicate write. A file that fails any check is moved to ``<data>/quarantine`` (the
+evidence stays), counted and reported, never served; a later write of the same id
+stores a good copy in its place.
 
 Blocking file I/O runs in worker threads, at most ``io_concurrency`` at a time.
 """
@@ -80,6 +87,10 @@ class ChunkStore:
         # chunk id -> clock() (monotonic) at its last store (new or repeated), since
         # start: chunk collection leaves recently stored chunks alone.
         self._last_stored: dict[str, float] = {}
+        # Ids whose stored copy was checked in full since this process started (see the
+        # module docstring); a subset of the index.
+        self._verified: set[str] = set()
+        self._quarantining: set[str] = set()
         self._stored_bytes = 0
         self._quarantined = 0
         self.on_corrupt: Callable[[str, str], None] | None = None
@@ -149,14 +160,11 @@ class ChunkStore:
         return usage.f_bavail * usage.f_frsize
 
     async def put(self, chunk_id: str, stored: bytes) -> bool:
-        """Verify and durably store a chunk. False if it was already present."""
-        if chunk_id in self._index:
+        """Verify and durably store a chunk. False if a good copy was already here (a
+        copy here that fails its check is quarantined and replaced)."""
+        if chunk_id in self._index and await self._holds_good_copy(chunk_id):
             self._last_stored[chunk_id] = self._clock()
             return False
-        # Checked before it is written (``codec.check_before_write``): header, payload
-        # checksum, the id it claims and, for a raw chunk, its content address; a
-        # compressed chunk's content was checked by its writer. Every read and the
-        # scrubber check the content of both kinds again.
         await asyncio.to_thread(codec.check_before_write, stored, chunk_id)
         if (
             self._capacity_bytes is not None
@@ -174,43 +182,64 @@ class ChunkStore:
         if chunk_id not in self._index:
             self._index[chunk_id] = len(stored)
             self._stored_bytes += len(stored)
+        self._verified.add(chunk_id)
         self._last_stored[chunk_id] = self._clock()
         return True
 
-    async def get(self, chunk_id: str) -> bytes | None:
-        """The verified stored form of a chunk, or None if absent.
+    async def _holds_good_copy(self, chunk_id: str) -> bool:
+        """Whether the copy here is good: verified, or checked in full now (one that
+        fails is quarantined)."""
+        if chunk_id in self._verified:
+            return True
+        try:
+            return await self.verify(chunk_id)
+        except ChunkCorrupt:
+            return False
 
-        A chunk whose header or payload checksum fails is quarantined and ``ChunkCorrupt``
-        raised; it is never returned.
+    async def get(self, chunk_id: str) -> bytes | None:
+        """The checked stored form of a chunk, or None if absent: its header and payload
+        checksum when it is verified, everything otherwise (see the module docstring).
+
+        A chunk that fails is quarantined and ``ChunkCorrupt`` raised; it is never
+        returned.
         """
-        if chunk_id not in self._index:
-            return None
-        async with self._io:
-            try:
-                stored = await asyncio.to_thread(self._read_file, self._path(chunk_id))
-            except FileNotFoundError:
-                self._forget(chunk_id)
-                return None
-        await self._check(chunk_id, stored, codec.verify_stored)
+        stored = await self._read(chunk_id)
+        if stored is not None:
+            full = chunk_id not in self._verified
+            await self._check(chunk_id, stored, codec.decode_view if full else codec.verify_stored)
         return stored
 
     async def verify(self, chunk_id: str) -> bool:
-        """Fully re-verify one stored chunk (decompress and re-hash); quarantine on failure."""
-        stored = await self.get(chunk_id)
+        """Re-verify one stored chunk in full (decompress and re-hash), whether or not it
+        was verified before; quarantine on failure. False if it is absent."""
+        stored = await self._read(chunk_id)
         if stored is None:
             return False
         await self._check(chunk_id, stored, codec.decode_view)
         return True
 
+    async def _read(self, chunk_id: str) -> bytes | None:
+        if chunk_id not in self._index:
+            return None
+        async with self._io:
+            try:
+                return await asyncio.to_thread(self._read_file, self._path(chunk_id))
+            except FileNotFoundError:
+                self._forget(chunk_id)
+                return None
+
     async def _check(
         self, chunk_id: str, stored: bytes, check: Callable[[bytes, str], object]
     ) -> None:
-        """Run ``check`` in a worker thread; a chunk that fails is quarantined."""
+        """Run ``check`` in a worker thread; a chunk that fails is quarantined, and one
+        that passes a full check (``codec.decode_view``) is verified."""
         try:
             await asyncio.to_thread(check, stored, chunk_id)
         except ChunkCorrupt as exc:
             await self.quarantine(chunk_id, str(exc))
             raise
+        if check is codec.decode_view and chunk_id in self._index:
+            self._verified.add(chunk_id)
 
     async def delete(self, chunk_id: str) -> bool:
         if chunk_id not in self._index:
@@ -244,13 +273,21 @@ class ChunkStore:
             await asyncio.to_thread(empty)
 
     async def quarantine(self, chunk_id: str, reason: str) -> None:
+        """Move a copy that failed a check out of place, once: checks of the same copy
+        that fail at the same time (two reads) count it once."""
+        if chunk_id not in self._index or chunk_id in self._quarantining:
+            return
+        self._quarantining.add(chunk_id)
         log.error("chunk %s is corrupt and was quarantined: %s", chunk_id, reason)
         target = self._quarantine_dir / f"{chunk_id}.{secrets.token_hex(4)}"
-        async with self._io:
-            # Read-only: the corrupt file stays, forgotten (never served: every read
-            # verifies, and the next start indexes and checks it again).
-            with contextlib.suppress(FileNotFoundError, StorageFull):
-                await asyncio.to_thread(move_or_remove, self._path(chunk_id), target)
+        try:
+            async with self._io:
+                # Read-only: the corrupt file stays, forgotten (never served: every read
+                # verifies, and the next start indexes and checks it again).
+                with contextlib.suppress(FileNotFoundError, StorageFull):
+                    await asyncio.to_thread(move_or_remove, self._path(chunk_id), target)
+        finally:
+            self._quarantining.discard(chunk_id)
         self._forget(chunk_id)
         self._quarantined += 1
         if self.on_corrupt is not None:
@@ -258,6 +295,7 @@ class ChunkStore:
 
     def _forget(self, chunk_id: str) -> None:
         self._last_stored.pop(chunk_id, None)
+        self._verified.discard(chunk_id)
         size = self._index.pop(chunk_id, None)
         if size is not None:
             self._stored_bytes -= size

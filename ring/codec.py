@@ -229,17 +229,13 @@ def verify_stored(stored: bytes | memoryview, expected_id: str | None = None) ->
 
 
 def check_before_write(stored: bytes | memoryview, expected_id: str) -> StoredHeader:
-    """What a peer checks before it writes a chunk: ``verify_stored`` and, for a raw
-    chunk, its content address too (a hash at memory speed). A compressed chunk's content
-    was checked by its writer, which decodes what it encoded before sending it to any
-    replica (``encode_checked``): decompressing it again on each of R replicas would
-    cost more CPU than anything else on the write path."""
-    header = verify_stored(stored, expected_id)
-    if header.codec == CODEC_RAW:
-        payload = memoryview(stored)[HEADER_BYTES:]
-        if xxhash.xxh3_128_hexdigest(payload) != expected_id:
-            raise ChunkCorrupt(f"chunk {expected_id}: content does not match its address")
-    return header
+    """What a peer checks before it writes a chunk: everything ``decode`` checks, the
+    content address included (a compressed chunk is decompressed and hashed). A writer
+    checks what it encoded too (``encode_checked``), but a peer never lets the first
+    writer of an address decide what the address means: a payload altered after its
+    writer's check, with a checksum recomputed to match, is refused here."""
+    decode_view(stored, expected_id)
+    return parse_header(stored)
 
 
 def encode_checked(raw: bytes | memoryview) -> tuple[str, bytes]:

@@ -30,6 +30,8 @@ class PeerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
         )
         # No input should make a peer answer 5xx: the fuzz tests assert this stays 0.
+        # A client that hangs up before its request is read is counted under status 499
+        # ("client closed"), not here.
         self.responses_5xx = Counter(
             "sr3_peer_responses_5xx",
             "Answers with a 5xx status (internal errors, storage full, not ready).",
@@ -99,6 +101,11 @@ def watch_node(metrics: PeerMetrics, node: Node) -> None:
         "sr3_scrub_repaired",
         "Corrupt chunks the scrubber restored.",
         lambda: node.scrubber.stats.repaired,
+    )
+    gauge(
+        "sr3_peer_chunks_unrecoverable",
+        "Chunks found corrupt here that no member had a good copy of (listed in /v1/info).",
+        lambda: len(node.scrubber.unrecoverable()),
     )
     gauge(
         "sr3_gc_chunks_collected",

@@ -372,6 +372,7 @@ class Node:
             assert self._settler is not None, "Node.open() first"
             group.create_task(self._settler.run())
             group.create_task(self.scrubber.run())
+            group.create_task(self.scrubber.run_restores())
             group.create_task(self._collect_when_ready())
             group.create_task(self._leave_when_asked())
             group.create_task(self._retry_saves())

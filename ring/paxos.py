@@ -83,6 +83,8 @@ PROPOSER_PATTERN = re.compile(r"[0-9a-f]{1,32}")
 OP_PATTERN = re.compile(r"[0-9a-f]{0,64}")
 COUNTER_MAX = 2**53 - 1
 META_BYTES_MAX = 4096
+# A tombstone's wall-clock time of first storage, seconds since the epoch: year 9999.
+DELETED_AT_MAX = 253_402_300_799
 # A slot's value and refs together; the caller bounds the value itself (RECORD_BYTES_MAX).
 SLOT_BYTES_MAX = 8 + META_BYTES_MAX + REFS_MAX * REF_BYTES + 2 * 1024 * 1024
 
@@ -312,7 +314,9 @@ def decode_slot(data: bytes, value_bytes_max: int) -> tuple[Slot, dict[str, obje
     op = meta.get("op", "")
     if not isinstance(op, str) or OP_PATTERN.fullmatch(op) is None:
         raise ProtocolError("a record slot's op is up to 64 hex digits")
-    deleted = meta.get("deleted", False) is True
+    deleted = meta.get("deleted", False)
+    if not isinstance(deleted, bool):
+        raise ProtocolError("a record slot's deleted is true or false")
     if deleted and (payload or refs_count):
         raise ProtocolError("a tombstone carries no value and no refs")
     refs = tuple(refs_raw[i : i + REF_BYTES].hex() for i in range(0, len(refs_raw), REF_BYTES))
@@ -322,9 +326,18 @@ def decode_slot(data: bytes, value_bytes_max: int) -> tuple[Slot, dict[str, obje
         raise ProtocolError("a record slot that accepted nothing holds no value")
     deleted_at = meta.get("deleted_at")
     if deleted_at is not None and (
-        not isinstance(deleted_at, (int, float)) or isinstance(deleted_at, bool)
+        not deleted
+        or not isinstance(deleted_at, (int, float))
+        or isinstance(deleted_at, bool)
+        or not 0 <= deleted_at <= DELETED_AT_MAX
     ):
-        raise ProtocolError("a record slot's deleted_at is a number")
+        raise ProtocolError(
+            f"a record slot's deleted_at is a number of seconds in 0..{DELETED_AT_MAX}, "
+            "on a tombstone only"
+        )
+    for name in ("value_xxh3", "refs_xxh3"):
+        if not isinstance(meta.get(name), str):
+            raise ProtocolError(f"a record slot's {name} is 16 hex digits")
     slot = Slot(
         Ballot.parse(_text(meta.get("promised")), "promised"),
         accepted,

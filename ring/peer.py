@@ -106,6 +106,11 @@ def _streamed_body(request: web.Request) -> bool:
     return (request.method, pattern) in _STREAMED_BODY
 
 
+# The status a request whose client went away is counted under (nginx's "client closed
+# request"); never sent, since nobody is there to read it.
+CLIENT_CLOSED = 499
+
+
 def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
     return web.json_response(api.error_body(code, message, **extra), status=status)
 
@@ -145,6 +150,13 @@ def _translate(exc: Exception) -> web.Response:
     return _error(500, "internal", f"{type(exc).__name__}")
 
 
+def _client_gone(request: web.Request, exc: Exception) -> bool:
+    """Whether ``exc`` came from the client hanging up (its connection lost while the
+    peer read its body or wrote the answer), not from the peer."""
+    transport = request.transport
+    return isinstance(exc, ConnectionError) and (transport is None or transport.is_closing())
+
+
 class Peer:
     """The HTTP shell of one node: request handlers, authentication, metrics."""
 
@@ -161,8 +173,13 @@ class Peer:
         # The addresses a correctly targeted request may name.
         self.addresses = frozenset({config.address, f"{config.host}:{config.port}"})
         self.metrics = PeerMetrics()
-        self.chunks.on_corrupt = lambda _chunk_id, _reason: self.metrics.chunks_corrupt.inc()
+        self.chunks.on_corrupt = self._on_corrupt
         watch_node(self.metrics, node)
+
+    def _on_corrupt(self, chunk_id: str, _reason: str) -> None:
+        """A copy here failed its check and was quarantined: count it, fetch a good one."""
+        self.metrics.chunks_corrupt.inc()
+        self.node.scrubber.flag(chunk_id)
 
     # -- middleware ---------------------------------------------------------------------
 
@@ -184,7 +201,12 @@ class Peer:
         except web.HTTPException as exc:
             response = _error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
         except Exception as exc:
-            response = _translate(exc)
+            if not _client_gone(request, exc):
+                response = _translate(exc)
+            else:
+                # Nobody reads this answer: counted as 499 ("client closed"), not an error.
+                log.debug("%s %s: the client went away: %r", request.method, route_name, exc)
+                response = _error(CLIENT_CLOSED, "client_closed", "the client went away")
         if response.status >= 500:
             self.metrics.responses_5xx.inc()
         self.metrics.requests.labels(route_name, str(response.status)).inc()
@@ -257,6 +279,7 @@ class Peer:
                 "disk_free_bytes": stats.disk_free_bytes,
                 "direct_io": stats.direct_io,
                 "quarantined": stats.quarantined,
+                "chunks_unrecoverable": node.scrubber.unrecoverable(),
                 "record_count": self.records.count(),
                 "hints_pending": len(node.hints),
                 "repair": {

@@ -7,15 +7,22 @@ A pass that takes longer than the interval is followed by the next at once. Pass
 to back would cost an idle peer CPU all the time (measured: about 20 ms per second per
 peer holding 12 MB) for chunks that were verified minutes before.
 
-A chunk that fails is quarantined by the store and fetched again, verified, from a live
-replica; if none has a good copy, the scrubber reports it and the repair loop's audit
-counts it among the lost.
+A chunk that fails is quarantined by the store (the file is kept in
+``<data>/quarantine`` as evidence) and fetched again, verified, from a live replica:
+every member is asked, the preferred replicas first. A corrupt copy found by a read or a
+duplicate write is handed over too (``flag``), and fetched again at once
+(``run_restores``). When no member has a good copy the chunk is *unrecoverable* here:
+logged at error, counted (``sr3_peer_chunks_unrecoverable``), listed in ``/v1/info``
+and by ``sr3 status`` until a good copy arrives (a writer's retry, a later restore),
+and its quarantined files stay where they are.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +41,11 @@ log = logging.getLogger(__name__)
 
 IDLE_PAUSE_S = 1.0
 INTERVAL_S_DEFAULT = 24 * 3600.0
+# Corrupt chunks waiting to be fetched again; past this, the next scrub pass or repair
+# round finds them.
+RESTORE_QUEUE_MAX = 1024
+# Unrecoverable chunks listed (the count goes on past it).
+UNRECOVERABLE_LISTED_MAX = 100
 
 
 @dataclass(slots=True)
@@ -73,6 +85,34 @@ class Scrubber:
         self.interval_s = interval_s
         self._bucket = TokenBucket(rate_bytes_s, 4 * 1024 * 1024, clock)
         self.stats = ScrubStats()
+        self._flagged: OrderedDict[str, None] = OrderedDict()
+        self._wake = asyncio.Event()
+        # Chunks no member had a good copy of, oldest first, while this peer lacks them.
+        self._unrecoverable: OrderedDict[str, None] = OrderedDict()
+
+    def unrecoverable(self) -> list[str]:
+        """Chunks found corrupt here that no member had a good copy of, and that this
+        peer still lacks (at most ``UNRECOVERABLE_LISTED_MAX``)."""
+        for chunk_id in [c for c in self._unrecoverable if self.chunks.has(c)]:
+            del self._unrecoverable[chunk_id]
+        return list(self._unrecoverable)
+
+    def flag(self, chunk_id: str) -> None:
+        """Fetch a good copy of ``chunk_id`` soon: this peer quarantined its own."""
+        if chunk_id not in self._flagged and len(self._flagged) < RESTORE_QUEUE_MAX:
+            self._flagged[chunk_id] = None
+        self._wake.set()
+
+    async def run_restores(self) -> None:
+        """Fetch again, until cancelled, the chunks ``flag`` names (those the store
+        holds again by then are skipped)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._flagged:
+                chunk_id, _ = self._flagged.popitem(last=False)
+                if not self.chunks.has(chunk_id):
+                    await self.restore(chunk_id)
 
     async def run(self) -> None:
         """A pass every ``interval_s`` (the first at start) until cancelled; returns at once
@@ -102,11 +142,13 @@ class Scrubber:
                     self.stats.bytes_verified += size
             except ChunkCorrupt:
                 self.stats.corrupt_found += 1
+                self._flagged.pop(chunk_id, None)
                 await self.restore(chunk_id)
         self.stats.passes += 1
 
     async def restore(self, chunk_id: str) -> bool:
-        """Fetch a good copy of ``chunk_id`` from a live replica and store it again."""
+        """Fetch a good copy of ``chunk_id`` from a live member (the preferred replicas
+        first, then every other) and store it again."""
         live = self.table.live()
         replicas = [
             member
@@ -128,7 +170,17 @@ class Scrubber:
                 "scrubber: restored corrupt chunk %s from %s", chunk_id, read.holder.peer_id
             )
             self.stats.repaired += 1
+            self._unrecoverable.pop(chunk_id, None)
             return True
-        log.error("scrubber: no live replica has a good copy of %s", chunk_id)
+        log.error(
+            "scrubber: chunk %s is corrupt here and none of the %d live members asked has a "
+            "good copy; its corrupt file is kept in the quarantine folder",
+            chunk_id,
+            len(replicas),
+        )
         self.stats.unrepaired += 1
+        self._unrecoverable[chunk_id] = None
+        self._unrecoverable.move_to_end(chunk_id)
+        while len(self._unrecoverable) > UNRECOVERABLE_LISTED_MAX:
+            self._unrecoverable.popitem(last=False)
         return False

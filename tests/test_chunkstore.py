@@ -1,10 +1,11 @@
 """Unit tests for ring.chunkstore on real files (no peer process).
 
 What must hold: a stored chunk reads back verified and survives a restart (re-indexed
-from disk); a chunk is verified before it is written; a full disk or an exhausted quota
-is a clear ``StorageFull`` and leaves nothing indexed or half-written; leftovers of
-interrupted writes are removed on open; a file altered on disk is detected on read,
-moved to ``quarantine``, counted and never returned.
+from disk); a chunk is checked in full (content against address) before it is written,
+and a copy from an earlier run before it is served or answers a duplicate write; a full
+disk or an exhausted quota is a clear ``StorageFull`` and leaves nothing indexed or
+half-written; leftovers of interrupted writes are removed on open; a file altered on
+disk is detected on read, moved to ``quarantine``, counted and never returned.
 """
 
 from __future__ import annotations
@@ -234,36 +235,92 @@ async def test_full_verify_quarantines_content_that_only_decompression_catches(
     assert not store.has(chunk_id)
 
 
-async def test_a_write_checks_the_content_of_a_raw_chunk_and_reads_check_every_chunk(
+def _forged(raw: bytes, claimed: str) -> bytes:
+    """The stored form of ``raw`` under the id ``claimed``: header and checksum valid,
+    content not matching the address (what a writer with the secret could send)."""
+    _other_id, other = codec.encode(raw)
+    header = bytearray(other[: codec.HEADER_BYTES])
+    header[32:48] = bytes.fromhex(claimed)
+    return bytes(header) + other[codec.HEADER_BYTES :]
+
+
+def _poison(store_root: Path, chunk_id: str, stored: bytes) -> None:
+    """Put ``stored`` in place of ``chunk_id``'s file, as a run that checked less might
+    have left it."""
+    path = store_root / "chunks" / chunk_id[:2] / chunk_id
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(stored)
+
+
+async def test_a_write_checks_the_content_against_its_address_raw_or_compressed(
     tmp_path: Path,
 ) -> None:
-    """A write checks header, payload checksum, the claimed id and, for a raw chunk, the
-    content address; a compressed chunk's content is checked by its writer (decoding
-    each of R replicas' bytes would cost more than anything else on the write path). A
-    compressed body whose content does not match the id its header claims is therefore
-    written, and must never be read as that chunk: every reader's ``decode`` and the
-    scrubber's ``verify`` (which quarantines it) catch it."""
+    """Breaks: a raw and a compressed body whose header, checksum and claimed id are
+    valid but whose content is another chunk's. Must hold: both are refused
+    (``ChunkCorrupt``, content vs address) and nothing is stored under the id."""
     store = _open(tmp_path)
-
-    def forged(raw: bytes, claimed: str) -> bytes:
-        _other_id, other = codec.encode(raw)
-        header = bytearray(other[: codec.HEADER_BYTES])
-        header[32:48] = bytes.fromhex(claimed)
-        return bytes(header) + other[codec.HEADER_BYTES :]
-
     raw_id, _stored = codec.encode(random.Random(44).randbytes(4096))
     with pytest.raises(ChunkCorrupt, match="address"):
-        await store.put(raw_id, forged(random.Random(45).randbytes(4096), raw_id))
+        await store.put(raw_id, _forged(random.Random(45).randbytes(4096), raw_id))
     assert not store.has(raw_id)
-    packed_id, _stored = codec.encode(state_bytes(65536, seed=1))
-    assert await store.put(packed_id, forged(state_bytes(65536, seed=2), packed_id))
-    served = await store.get(packed_id)
-    assert served is not None
-    with pytest.raises(ChunkCorrupt):
-        codec.decode(served, packed_id)
-    with pytest.raises(ChunkCorrupt):
-        await store.verify(packed_id)
-    assert not store.has(packed_id)
+    packed_id, good = codec.encode(state_bytes(65536, seed=1))
+    assert codec.parse_header(good).codec == codec.CODEC_ZSTD
+    with pytest.raises(ChunkCorrupt, match="address"):
+        await store.put(packed_id, _forged(state_bytes(65536, seed=2), packed_id))
+    assert not store.has(packed_id) and _files(tmp_path / "chunks") == []
+    assert await store.put(packed_id, good)
+    assert await store.get(packed_id) == good
+
+
+async def test_a_poisoned_copy_is_never_served_and_a_good_write_replaces_it(
+    tmp_path: Path,
+) -> None:
+    """Breaks: a compressed chunk's file holds another chunk's content under its id (left
+    by a run that checked less). Must hold: after a restart a read checks it in full,
+    quarantines it (the file kept as evidence) and raises; and a duplicate write of
+    the good bytes, without a read before it, replaces the bad copy (created) instead
+    of answering "already here"."""
+    packed_id, good = codec.encode(state_bytes(65536, seed=1))
+    bad = _forged(state_bytes(65536, seed=2), packed_id)
+    _poison(tmp_path, packed_id, bad)
+    corrupt: list[str] = []
+    store = _open(tmp_path)
+    store.on_corrupt = lambda chunk_id, _reason: corrupt.append(chunk_id)
+    assert store.has(packed_id)
+    with pytest.raises(ChunkCorrupt, match="address"):
+        await store.get(packed_id)
+    assert corrupt == [packed_id] and not store.has(packed_id)
+    assert [path.read_bytes() for path in _files(tmp_path / "quarantine")] == [bad]
+    assert await store.put(packed_id, good)
+    assert await store.get(packed_id) == good
+
+    _poison(tmp_path, packed_id, bad)
+    again = _open(tmp_path)
+    assert again.has(packed_id)
+    assert await again.put(packed_id, good), "a bad copy must not answer a duplicate write"
+    assert await again.get(packed_id) == good
+    assert await again.put(packed_id, good) is False
+    assert len(_files(tmp_path / "quarantine")) == 2
+
+
+async def test_a_verified_copy_answers_duplicates_without_a_read_and_reads_check_rot(
+    tmp_path: Path,
+) -> None:
+    """A copy written (checked in full) here is verified: a duplicate write is answered
+    from the index, even with a bad body it never needs; a read still checks the
+    checksum, so a flipped bit after the write is caught and quarantined."""
+    store = _open(tmp_path)
+    chunk_id, good = codec.encode(state_bytes(65536, seed=3))
+    assert await store.put(chunk_id, good)
+    assert await store.put(chunk_id, _forged(state_bytes(65536, seed=4), chunk_id)) is False
+    assert await store.get(chunk_id) == good
+    path = tmp_path / "chunks" / chunk_id[:2] / chunk_id
+    rotten = bytearray(path.read_bytes())
+    rotten[-1] ^= 0x01
+    path.write_bytes(bytes(rotten))
+    with pytest.raises(ChunkCorrupt, match="checksum"):
+        await store.get(chunk_id)
+    assert not store.has(chunk_id)
 
 
 def test_a_writer_decodes_what_it_compressed_before_any_replica_sees_it(

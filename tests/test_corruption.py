@@ -1,4 +1,5 @@
-"""A flipped byte in a stored chunk file is detected, quarantined, and never served.
+"""A flipped byte in a stored chunk file is detected, quarantined, never served, and
+replaced by a good copy from another replica.
 
 Real peers, real chunk files: the test flips one bit in the file of a chunk on two of
 its three holders (found on disk under ``<data>/chunks/<2 hex>/<id>``), then reads.
@@ -6,8 +7,10 @@ its three holders (found on disk under ``<data>/chunks/<2 hex>/<id>``), then rea
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from sr3.local import LocalCluster
 from sr3.statedata import state_bytes
 
 CORRUPT_METRIC = "sr3_peer_chunks_corrupt_total"
+RESTORE_WAIT_S = 20.0
 
 # Byte ranges of the stored form (see ring.codec) where a bit is flipped.
 REGIONS: dict[str, tuple[str, int, int | None]] = {
@@ -56,9 +60,10 @@ async def test_flipped_byte_is_detected_quarantined_and_read_elsewhere(
 ) -> None:
     """Breaks: one bit in the chunk file of 2 of the 3 holders of a chunk, in ``region``.
     Must hold: the blob reads back correct (served by the intact replica); each damaged
-    peer never serves its copy (direct GET is 422, or 404 once quarantined), moves the
-    file to ``<data>/quarantine``, reports it in /v1/info ``quarantined`` and in
-    ``sr3_peer_chunks_corrupt_total``, and keeps running under the same pid."""
+    peer never serves its copy (direct GET is 422, or 404 once quarantined, or the good
+    copy once fetched again), moves the file to ``<data>/quarantine``, reports it in
+    /v1/info ``quarantined`` and in ``sr3_peer_chunks_corrupt_total``, fetches a good
+    copy from the intact replica at once, and keeps running under the same pid."""
     kind, start, end = REGIONS[region]
     data = _blob(kind, rng)
     async with Client(ring.ring, ring.secret) as client:
@@ -92,15 +97,23 @@ async def test_flipped_byte_is_detected_quarantined_and_read_elsewhere(
         for peer_id in damaged_peers:
             address = ring.peer(peer_id).address
             answer = await probe.signed(address, "GET", f"/v1/chunks/{chunk_id}")
-            assert answer.status in (404, 422), f"{where}: {peer_id} answered {answer.status}"
+            if answer.status == 200:  # already fetched again from the intact replica
+                assert codec.decode(answer.body, chunk_id) == data, where
+            else:
+                assert answer.status in (404, 422), f"{where}: {peer_id} answered {answer.status}"
             assert answer.body != bytes(damaged)
             data_dir = Path(ring.peer(peer_id).data_dir)
-            assert not chunk_file(ring, peer_id, chunk_id).exists(), where
             quarantined = [p for p in (data_dir / "quarantine").iterdir() if chunk_id in p.name]
             assert [p.read_bytes() for p in quarantined] == [bytes(damaged)], where
-            info = await probe.info(address)
+            # The peer fetches a good copy from the intact replica at once.
+            deadline = time.monotonic() + RESTORE_WAIT_S
+            while (info := await probe.info(address))["chunk_count"] != before[peer_id][
+                "chunk_count"
+            ]:
+                assert time.monotonic() < deadline, f"{where}: {peer_id} did not restore it"
+                await asyncio.sleep(0.1)
+            assert chunk_file(ring, peer_id, chunk_id).read_bytes() == stored, where
             assert info["quarantined"] == before[peer_id]["quarantined"] + 1, where
-            assert info["chunk_count"] == before[peer_id]["chunk_count"] - 1, where
             metric = metric_value(await probe.metrics(address), CORRUPT_METRIC)
             assert metric == metric_before[peer_id] + 1, where
             assert await probe.health(address) == 200

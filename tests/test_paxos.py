@@ -212,6 +212,41 @@ def test_malformed_slots_are_protocol_errors(data: bytes) -> None:
         paxos.decode_slot(data, 1024)
 
 
+def _rewritten(slot: Slot, **changes: object) -> bytes:
+    """``slot`` encoded, then its metadata changed (checksums stay valid)."""
+    data = paxos.encode_slot(slot)
+    meta_len = struct.unpack_from("<I", data, 4)[0]
+    meta = {**json.loads(data[8 : 8 + meta_len]), **changes}
+    encoded = json.dumps(meta).encode()
+    return b"SR3P" + struct.pack("<I", len(encoded)) + encoded + data[8 + meta_len :]
+
+
+TOMBSTONE = Slot(B1, B1, Value(1, b"", (), True, "01"), 1_700_000_000.0)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _rewritten(Slot(B1, B1, V1), deleted=2),
+        _rewritten(TOMBSTONE, deleted=2),
+        _rewritten(TOMBSTONE, deleted=1),
+        _rewritten(TOMBSTONE, deleted="true"),
+        _rewritten(TOMBSTONE, deleted_at=-1),
+        _rewritten(TOMBSTONE, deleted_at=1e300),
+        _rewritten(TOMBSTONE, deleted_at=True),
+        _rewritten(Slot(B1, B1, V1), deleted_at=1_700_000_000.0),
+        _rewritten(Slot(B1, B1, V1), value_xxh3=5),
+        _rewritten(Slot(B1, B1, V1), refs_xxh3=None),
+    ],
+)
+def test_every_field_of_a_slot_is_checked_even_with_valid_checksums(data: bytes) -> None:
+    """Breaks: a slot whose checksums match but a field has the wrong type or range
+    (``"deleted": 2`` was taken as "not deleted"). Must hold: ProtocolError."""
+    with pytest.raises(ProtocolError):
+        paxos.decode_slot(data, 1024)
+    assert paxos.decode_slot(_rewritten(TOMBSTONE), 1024)[0] == TOMBSTONE
+
+
 def test_a_tombstone_with_data_and_a_value_without_acceptance_are_refused() -> None:
     tombstone = paxos.encode_slot(Slot(B1, B1, Value(1, b"", (), True, "01")))
     meta_len = struct.unpack_from("<I", tombstone, 4)[0]

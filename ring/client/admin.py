@@ -64,6 +64,8 @@ class PeerStatus:
     chunks_lost: int | None = None
     hints_pending: int | None = None
     repair_rounds: int | None = None
+    # Chunks this peer found corrupt that no member had a good copy of.
+    chunks_unrecoverable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,8 @@ class RingStatus:
     peers: tuple[PeerStatus, ...]
     chunks_under_replicated: int = 0
     chunks_lost: int = 0
+    # Distinct chunks some peer found corrupt with no good copy on any member.
+    chunks_unrecoverable: tuple[str, ...] = ()
 
 
 class Admin:
@@ -194,7 +198,7 @@ class Admin:
             ring_state=ring_state, epoch=info.epoch,
             chunks_under_replicated=info.chunks_under_replicated,
             chunks_lost=info.chunks_lost, hints_pending=info.hints_pending,
-            repair_rounds=info.repair_rounds,
+            repair_rounds=info.repair_rounds, chunks_unrecoverable=info.chunks_unrecoverable,
         )  # fmt: skip
 
     async def status(self) -> RingStatus:
@@ -215,6 +219,9 @@ class Admin:
             peers,
             chunks_under_replicated=sum(p.chunks_under_replicated or 0 for p in peers),
             chunks_lost=sum(p.chunks_lost or 0 for p in peers),
+            chunks_unrecoverable=tuple(
+                sorted({chunk_id for p in peers for chunk_id in p.chunks_unrecoverable})
+            ),
         )
 
 

@@ -92,6 +92,7 @@ def _status_json(status: RingStatus, pids: dict[str, int | None]) -> dict[str, A
         "write_quorum": status.write_quorum,
         "chunks_under_replicated": status.chunks_under_replicated,
         "chunks_lost": status.chunks_lost,
+        "chunks_unrecoverable": list(status.chunks_unrecoverable),
         "health": health.state,
         "summary": health.summary,
         "peers": peers,
@@ -102,7 +103,7 @@ def _status_json(status: RingStatus, pids: dict[str, int | None]) -> dict[str, A
 class RingHealth:
     """What the ring is doing, from the peers' last repair rounds and their states."""
 
-    # healthy, moving, under_replicated, lost or unknown
+    # healthy, moving, under_replicated, lost, corrupt or unknown
     state: str
     summary: str
 
@@ -139,6 +140,16 @@ def ring_health(status: RingStatus) -> RingHealth:
     under = sum(peer.chunks_under_replicated or 0 for peer in live)
     lost = sum(peer.chunks_lost or 0 for peer in live)
     pending = [peer.peer_id for peer in live if peer.chunks_under_replicated is None]
+    corrupt = [peer.peer_id for peer in live if peer.chunks_unrecoverable]
+    if status.chunks_unrecoverable:
+        ids = status.chunks_unrecoverable
+        shown = ", ".join(ids[:NAMES_SHOWN_MAX]) + (" ..." if len(ids) > NAMES_SHOWN_MAX else "")
+        return RingHealth(
+            "corrupt",
+            f"{len(ids)} chunks corrupt with no good copy on any live member ({shown}): "
+            f"found by {_names(corrupt)}, whose <data>/quarantine keeps the bad files; "
+            "write the data again (a good copy replaces them) or restore it from elsewhere",
+        )
     if lost:
         return RingHealth("lost", f"{lost} chunks lost: no live peer holds them")
     if under and (down or removed):

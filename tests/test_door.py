@@ -1,0 +1,249 @@
+"""Integrity at the door of a real peer: it never keeps or serves bytes that do not match
+their address, a client that hangs up is not a server error, and nothing a client sends
+puts a traceback in the peer's log.
+
+Real peer processes on loopback; chunk files are altered on disk where a case needs a
+bad copy already stored (as a run that checked less would have left it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from support import HttpProbe, MakeCluster, chunk_file, chunk_holders, metric_value
+
+from ring import codec, paxos, records_api
+from ring.client import Client
+from ring.errors import DataUnavailable
+from ring.paxos import Ballot, Slot, Value
+from sr3.local import LocalCluster
+from sr3.statedata import state_bytes
+
+FIVE_XX = "sr3_peer_responses_5xx_total"
+UNRECOVERABLE = "sr3_peer_chunks_unrecoverable"
+WAIT_S = 30.0
+
+
+def _forged(raw: bytes, claimed: str) -> bytes:
+    """``raw``'s stored form under the id ``claimed``: header and payload checksum
+    valid, content not matching the address."""
+    _other, other = codec.encode(raw)
+    header = bytearray(other[: codec.HEADER_BYTES])
+    header[32:48] = bytes.fromhex(claimed)
+    return bytes(header) + other[codec.HEADER_BYTES :]
+
+
+def _log(cluster: LocalCluster, index: int = 0) -> str:
+    log_file = cluster.cluster.peers[index].log_file
+    assert log_file is not None
+    return Path(log_file).read_text(errors="replace")
+
+
+async def _eventually(check: object, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        result = check() if callable(check) else check
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        await asyncio.sleep(0.2)
+
+
+async def test_a_forged_compressed_chunk_is_refused_and_a_good_one_then_stored(
+    make_cluster: MakeCluster,
+) -> None:
+    """Breaks: a signed PUT of a compressed chunk whose payload is another chunk's, with
+    a valid checksum (was: 201 created, then the good PUT answered "already here" and
+    GET served the bad bytes). Must hold: 422 chunk_corrupt, nothing stored (HEAD 404),
+    then the good PUT is 201 and GET serves the good bytes."""
+    cluster = make_cluster(1, replication=1, write_quorum=1)
+    address = cluster.cluster.addresses[0]
+    chunk_id, good = codec.encode(state_bytes(65536, seed=11))
+    assert codec.parse_header(good).codec == codec.CODEC_ZSTD
+    path = f"/v1/chunks/{chunk_id}"
+    async with HttpProbe(cluster.secret) as probe:
+        forged = _forged(state_bytes(65536, seed=12), chunk_id)
+        refused = await probe.signed(address, "PUT", path, body=forged)
+        assert refused.status == 422 and refused.json()["error"] == "chunk_corrupt", refused
+        assert (await probe.signed(address, "HEAD", path)).status == 404
+        assert (await probe.signed(address, "PUT", path, body=good)).status == 201
+        served = await probe.signed(address, "GET", path)
+        assert served.status == 200 and served.body == good
+        assert metric_value(await probe.metrics(address), FIVE_XX) == 0
+
+
+def _send_and_hang_up(address: str, head: bytes, body: bytes) -> None:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(head + body)
+        time.sleep(0.1)
+
+
+async def test_a_client_that_hangs_up_mid_body_is_counted_499_not_500(
+    make_cluster: MakeCluster,
+) -> None:
+    """Breaks: signed PUTs declaring 4 KiB and 64 MiB that send 1 KiB and close (was: a
+    500 counted and a traceback logged for each). Must hold: the 5xx counter stays 0,
+    each is counted under status 499, nothing is stored, the log has no traceback, and
+    the peer keeps serving."""
+    cluster = make_cluster(1, replication=1, write_quorum=1)
+    address = cluster.cluster.addresses[0]
+    chunk_id, stored = codec.encode(b"r" * 8192, compress=False)
+    path = f"/v1/chunks/{chunk_id}"
+    async with HttpProbe(cluster.secret) as probe:
+        for declared in (4096, 64 * 1024 * 1024):
+            headers = probe.signer.headers("PUT", path, stored, target=address)
+            lines = [f"PUT {path} HTTP/1.1", f"Host: {address}", f"Content-Length: {declared}"]
+            lines += [f"{name}: {value}" for name, value in headers.items()]
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+            await asyncio.to_thread(_send_and_hang_up, address, head, stored[:1024])
+
+        async def counted() -> bool:
+            text = await probe.metrics(address)
+            return 'status="499"} 2.0' in text
+
+        await _eventually(counted, "two requests counted under 499")
+        text = await probe.metrics(address)
+        assert metric_value(text, FIVE_XX) == 0
+        assert 'status="500"' not in text
+        assert (await probe.signed(address, "HEAD", path)).status == 404
+        assert await probe.health(address) == 200
+    assert "Traceback" not in _log(cluster)
+
+
+async def test_malformed_request_lines_are_one_log_line_not_a_traceback_each(
+    make_cluster: MakeCluster,
+) -> None:
+    """Breaks: 50 requests with a 20 kB request line and 50 with a bad header (was: a
+    traceback at error for each). Must hold: each is answered 400, the peer logs at
+    most one line about them (rate-limited) and no traceback, and it keeps serving."""
+    cluster = make_cluster(1, replication=1, write_quorum=1)
+    address = cluster.cluster.addresses[0]
+    host, _, port = address.rpartition(":")
+
+    def send(request: bytes) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(request)
+            return sock.recv(64)
+
+    for index in range(50):
+        answer = await asyncio.to_thread(send, b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.") and b" 400 " in answer[:16], answer
+        answer = await asyncio.to_thread(send, b"GET / HTTP/1.1\r\nBad Header\x01: x\r\n\r\n")
+        assert b" 400 " in answer[:16], (index, answer)
+    async with HttpProbe(cluster.secret) as probe:
+        assert await probe.health(address) == 200
+        assert metric_value(await probe.metrics(address), FIVE_XX) == 0
+    log = _log(cluster)
+    assert "Traceback" not in log
+    reports = [line for line in log.splitlines() if "malformed request" in line]
+    assert len(reports) == 1, reports
+
+
+async def test_a_slot_with_a_malformed_field_is_refused_at_the_acceptor(
+    make_cluster: MakeCluster,
+) -> None:
+    """Breaks: signed accepts whose slot says ``"deleted": 2`` or carries a
+    ``deleted_at`` on a live value (checksums valid; the first was taken as "not
+    deleted"). Must hold: 400 bad_request for both, the key stays absent, a valid
+    accept then succeeds."""
+    cluster = make_cluster(1, replication=1, write_quorum=1)
+    address = cluster.cluster.addresses[0]
+    key = "door/slot"
+    ballot = Ballot(1, "ab")
+    good = paxos.encode_slot(Slot(ballot, ballot, Value(1, b"v", op="01")))
+    meta_len = int.from_bytes(good[4:8], "little")
+    meta = good[8 : 8 + meta_len].replace(b'"version":1', b'"version":1,"deleted":2')
+    deleted_two = good[:4] + len(meta).to_bytes(4, "little") + meta + good[8 + meta_len :]
+    meta = good[8 : 8 + meta_len].replace(b'"version":1', b'"version":1,"deleted_at":5')
+    other = good[:4] + len(meta).to_bytes(4, "little") + meta + good[8 + meta_len :]
+    async with HttpProbe(cluster.secret) as probe:
+        info = await probe.info(address)
+        ring = (await probe.signed(address, "GET", "/v1/ring")).json()
+        view = paxos.view_digest([info["peer_id"]])
+        path = records_api.accept_path(key, ballot.wire(), view, epoch=ring["epoch"])
+        for body in (deleted_two, other):
+            answer = await probe.signed(address, "POST", path, body=body)
+            assert answer.status == 400 and answer.json()["error"] == "bad_request", answer
+        async with Client(cluster.ring, cluster.secret) as client:
+            assert await client.get_record(key) is None
+        answer = await probe.signed(address, "POST", path, body=good)
+        assert answer.status == 200, answer
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["scrubbed", "read-after-restart"])
+async def test_a_chunk_bad_on_every_copy_is_reported_kept_and_healed_by_a_rewrite(
+    make_cluster: MakeCluster, restart: bool
+) -> None:
+    """Breaks: every holder's copy of a chunk replaced on disk by another chunk's content
+    under its id, checksum valid. Found by the scrubber, or by reads after a restart.
+    Must hold: no reader gets the bad bytes (``DataUnavailable``); each holder
+    quarantines its file (the bad bytes kept), lists the chunk as unrecoverable in
+    /v1/info and its metric, and logs why at error; ``sr3 status`` says "corrupt"; then
+    the writer's retry of the same data stores good copies, the listing clears, and the
+    data reads back."""
+    scrubbing = ["--scrub-rate", "100MB/s", "--scrub-interval", "1"]
+    scrub = ["--scrub-rate", "0"] if restart else scrubbing
+    flags = ["--repair-interval", "3600", *scrub]
+    cluster = make_cluster(3, replication=3, write_quorum=2, peer_flags=flags)
+    data = state_bytes(200 * 1024, seed=21)
+    async with Client(cluster.ring, cluster.secret) as client:
+        ref = await client.chunks.put_blob(data)
+    (chunk_id,) = {extent.chunk_id for extent in ref.extents}
+    await _eventually(lambda: len(chunk_holders(cluster, chunk_id)) == 3, "three copies")
+    holders = chunk_holders(cluster, chunk_id)
+    bad = _forged(state_bytes(200 * 1024, seed=22), chunk_id)
+    for peer_id in holders:
+        chunk_file(cluster, peer_id, chunk_id).write_bytes(bad)
+    if restart:
+        for peer_id in holders:
+            cluster.stop(peer_id)
+        for peer_id in holders:
+            cluster.start(peer_id)
+        async with Client(cluster.ring, cluster.secret) as client:
+            with pytest.raises(DataUnavailable):
+                await client.chunks.get_blob(ref)
+
+    async with HttpProbe(cluster.secret) as probe:
+
+        async def reported() -> bool:
+            for peer_id in holders:
+                info = await probe.info(cluster.peer(peer_id).address)
+                if chunk_id not in info["chunks_unrecoverable"]:
+                    return False
+            return True
+
+        await _eventually(reported, "every holder lists the chunk as unrecoverable")
+        for peer_id in holders:
+            address = cluster.peer(peer_id).address
+            assert metric_value(await probe.metrics(address), UNRECOVERABLE) == 1
+            assert (await probe.signed(address, "GET", f"/v1/chunks/{chunk_id}")).status == 404
+            quarantine = Path(cluster.peer(peer_id).data_dir) / "quarantine"
+            kept = [p.read_bytes() for p in quarantine.iterdir() if p.name.startswith(chunk_id)]
+            assert bad in kept, peer_id
+            assert metric_value(await probe.metrics(address), FIVE_XX) == 0
+        logs = [_log(cluster, index) for index in range(3)]
+        assert all(f"chunk {chunk_id} is corrupt here and none of" in log for log in logs)
+        async with Client(cluster.ring, cluster.secret) as client:
+            status = await client.admin.status()
+            assert status.chunks_unrecoverable == (chunk_id,)
+            with pytest.raises(DataUnavailable):
+                await client.chunks.get_blob(ref)
+            assert await client.chunks.put_blob(data) == ref
+            assert await client.chunks.get_blob(ref) == data
+
+        async def cleared() -> bool:
+            for peer_id in holders:
+                info = await probe.info(cluster.peer(peer_id).address)
+                if info["chunks_unrecoverable"]:
+                    return False
+            return True
+
+        await _eventually(cleared, "the listing clears once good copies are back")
