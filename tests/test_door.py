@@ -17,7 +17,9 @@ import pytest
 from support import HttpProbe, MakeCluster, chunk_file, chunk_holders, metric_value
 
 from ring import codec, paxos, records_api
+from ring.auth import BodyDigest
 from ring.client import Client
+from ring.client.chunks import ChunkIO
 from ring.errors import DataUnavailable
 from ring.paxos import Ballot, Slot, Value
 from sr3.local import LocalCluster
@@ -247,3 +249,33 @@ async def test_a_chunk_bad_on_every_copy_is_reported_kept_and_healed_by_a_rewrit
             return True
 
         await _eventually(cleared, "the listing clears once good copies are back")
+
+
+async def test_a_writer_whose_bytes_the_replicas_refuse_encodes_them_again(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaks: the client's first encoding of a chunk is bad after its own check (a
+    memory fault, injected: another chunk's content under the id, checksum valid).
+    Must hold: every replica refuses it (422), the client encodes the chunk again from
+    its raw bytes and stores it; the blob reads back, and no replica kept the bad
+    bytes."""
+    cluster = make_cluster(3, replication=3, write_quorum=2)
+    data = state_bytes(100 * 1024, seed=31)
+    calls: list[str] = []
+    real = ChunkIO._encode
+
+    def faulty(self: ChunkIO, raw: bytes) -> tuple[str, bytes, BodyDigest]:
+        chunk_id, stored, digest = real(self, raw)
+        calls.append(chunk_id)
+        if len(calls) > 1:
+            return chunk_id, stored, digest
+        bad = _forged(state_bytes(100 * 1024, seed=32), chunk_id)
+        return chunk_id, bad, self._transport.digest(bad)
+
+    monkeypatch.setattr(ChunkIO, "_encode", faulty)
+    async with Client(cluster.ring, cluster.secret) as client:
+        ref = await client.chunks.put_blob(data)
+        assert len(calls) == 2 and calls[0] == calls[1]
+        assert await client.chunks.get_blob(ref) == data
+    for peer_id in chunk_holders(cluster, calls[0]):
+        assert codec.decode(chunk_file(cluster, peer_id, calls[0]).read_bytes()) == data

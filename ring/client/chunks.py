@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,13 @@ from ring.replicas import Hedge, read_from_replicas
 from ring.transport import Transport
 
 __all__ = ["ChunkIO", "first_error"]
+
+log = logging.getLogger(__name__)
+
+# A chunk whose stored form every replica refuses as corrupt is encoded again from its
+# raw bytes, this many times in all.
+ENCODE_ATTEMPTS_MAX = 2
+REFUSED_AS_CORRUPT = "HTTP 422 chunk_corrupt"
 
 
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
@@ -70,8 +78,32 @@ class ChunkIO:
         return chunk_id, stored, self._transport.digest(stored)
 
     async def store_raw_chunk(self, raw: bytes) -> str:
-        # Encoded and digested once, off the event loop; every replica gets the same body.
-        chunk_id, stored, digest = await asyncio.to_thread(self._encode, raw)
+        """Store one chunk on W..R replicas; its id. Bytes that the replicas refuse as not
+        matching their address (``chunk_corrupt``: a fault in this process after its own
+        check) are encoded again from ``raw`` and sent once more."""
+        for attempt in range(1, ENCODE_ATTEMPTS_MAX + 1):
+            # Encoded and digested once, off the event loop; every replica gets the same
+            # body.
+            chunk_id, stored, digest = await asyncio.to_thread(self._encode, raw)
+            error = await self._store_encoded(chunk_id, stored, digest)
+            if error is None:
+                return chunk_id
+            refused = any(REFUSED_AS_CORRUPT in cause for cause in error.causes)
+            if attempt < ENCODE_ATTEMPTS_MAX and refused:
+                log.warning(
+                    "chunk %s: replicas refused its bytes as not matching its address; "
+                    "encoding it again",
+                    chunk_id,
+                )
+                continue
+            raise error
+        raise AssertionError("unreachable")
+
+    async def _store_encoded(
+        self, chunk_id: str, stored: bytes, digest: BodyDigest
+    ) -> QuorumError | None:
+        """Send one encoding to the chunk's replicas: None once W acknowledged, else the
+        error naming why."""
         view = await self._view.ring()
         quorum = view.write_quorum
         result = await self._view.fan_out(
@@ -86,9 +118,9 @@ class ChunkIO:
             attempt_s=self.options.write_attempt_s,
             latency=self.write_latency,
         )
-        if len(result.answers) < quorum:
-            raise QuorumError(f"chunk {chunk_id}", len(result.answers), quorum, result.causes)
-        return chunk_id
+        if len(result.answers) >= quorum:
+            return None
+        return QuorumError(f"chunk {chunk_id}", len(result.answers), quorum, result.causes)
 
     async def _read_walk(
         self, members: Sequence[Member], chunk_id: str
