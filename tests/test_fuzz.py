@@ -7,10 +7,12 @@ body may be valid and add a member, which the shared ring must not see): every r
 signing headers, and bodies of random bytes, mutated valid bodies, deep nesting and
 numbers no parser should take; then record rounds (prepare, accept, reads for a round)
 with random and mutated ballots, views, next ballots and slot encodings, mostly signed
-and often with the peer's real view, so that many reach the acceptor. Then it checks
+and often with the peer's real view, so that many reach the acceptor; then signed
+requests that hang up mid-body and request lines the HTTP parser refuses. Then it checks
 that every answer was below 500 and every error a JSON body, that the peer's 5xx
-counter is 0, that it answers ``GET /v1/health`` from the same process, and that what
-was stored before reads back intact. A failing pass prints its seed (``SR3_TEST_SEED``)
+counter is 0 (a hang-up counts as 499), that its log holds no traceback, that it answers
+``GET /v1/health`` from the same process, and that what was stored before reads back
+intact. A failing pass prints its seed (``SR3_TEST_SEED``)
 and replays exactly.
 """
 
@@ -23,6 +25,7 @@ import socket
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from support import Answer, HttpProbe, MakeCluster, metric_value
 
@@ -34,6 +37,7 @@ from sr3.local import LocalCluster
 REQUESTS = 300
 RECORD_REQUESTS = 200
 DATAGRAMS = 60
+HANG_UPS = 30
 FIVE_XX = "sr3_peer_responses_5xx_total"
 KEEP_KEY = "keep/fuzz-record"
 ROUTES = sorted(
@@ -394,12 +398,56 @@ async def _known_cases(probe: HttpProbe, address: str, stored: Stored) -> None:
         answer = await probe.signed(address, "PUT", path, body=chunk)
         _check(answer, "PUT", path)
         assert answer.status == 400
+    # A compressed chunk whose content is another's under the id (checksum valid), and
+    # a signed accept whose slot says "deleted": 2 (issue 26's cases).
+    packed_id, packed = codec.encode(b"fuzzed content " * 400)
+    _other, other = codec.encode(b"other content! " * 400)
+    forged = other[:32] + packed[32:48] + other[48:]
+    answer = await probe.signed(address, "PUT", f"/v1/chunks/{packed_id}", body=forged)
+    _check(answer, "PUT", "forged compressed chunk")
+    assert answer.status == 422, answer
+    meta_len = int.from_bytes(body[4:8], "little")
+    meta = body[8 : 8 + meta_len].replace(b'"version":1', b'"version":1,"deleted":2')
+    deleted_two = body[:4] + len(meta).to_bytes(4, "little") + meta + body[8 + meta_len :]
+    path = records_api.accept_path("fuzz/deleted", "1.ab", stored.view)
+    answer = await probe.signed(address, "POST", path, body=deleted_two)
+    _check(answer, "POST", "deleted: 2")
+    assert answer.status == 400, answer
     for timestamp in BAD_TIMESTAMPS:
         headers = probe.signer.headers("GET", "/v1/info", target=address)
         headers[api.HEADER_TIMESTAMP] = timestamp
         answer = await probe.send(address, "GET", "/v1/info", headers=headers)
         _check(answer, "GET", f"timestamp {timestamp[:20]!r}")
         assert answer.status == 401
+
+
+def _hang_up(address: str, head: bytes, body: bytes) -> None:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(head + body)
+
+
+async def _hang_ups(probe: HttpProbe, address: str, rng: random.Random, stored: Stored) -> None:
+    """Signed requests with a body that declare more bytes than they send, then close;
+    and raw request lines too long or malformed for the parser."""
+    bodied = [route for route in ROUTES if route.method in ("PUT", "POST")]
+    bodied = [route for route in bodied if route not in SIGNED_EXCLUDED]
+    for _ in range(HANG_UPS):
+        route = rng.choice(bodied)
+        path = _path(rng, route, stored)
+        body = rng.randbytes(rng.randrange(1, 4096))
+        headers = probe.signer.headers(route.method, path, body, target=address)
+        declared = len(body) + rng.choice([1, 4096, 64 * 1024 * 1024])
+        lines = [f"{route.method} {path} HTTP/1.1", f"Host: {address}"]
+        lines += [f"Content-Length: {declared}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        sent = body[: rng.randrange(0, len(body) + 1)]
+        await asyncio.to_thread(_hang_up, address, ("\r\n".join(lines) + "\r\n\r\n").encode(), sent)
+    for _ in range(HANG_UPS):
+        line = rng.choice(
+            [b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\nA\x01: b\r\n\r\n"]
+        )
+        await asyncio.to_thread(_hang_up, address, line, b"")
 
 
 def _send_datagrams(address: str, rng: random.Random) -> None:
@@ -427,6 +475,10 @@ async def _peer_is_intact(
     assert peer.pid == pid and cluster.running(peer.peer_id), "the peer was restarted or died"
     assert metric_value(await probe.metrics(address), FIVE_XX) == 0
     await _read_back(probe, cluster, stored)
+    log_file = peer.log_file
+    assert log_file is not None
+    log = await asyncio.to_thread(Path(log_file).read_text, errors="replace")
+    assert "Traceback" not in log
 
 
 async def test_fuzzed_requests_and_datagrams_get_4xx_and_leave_the_peer_intact(
@@ -448,6 +500,7 @@ async def test_fuzzed_requests_and_datagrams_get_4xx_and_leave_the_peer_intact(
             await _one_request(probe, address, rng, stored, statuses)
         for _ in range(RECORD_REQUESTS):
             await _one_round_message(probe, address, rng, stored, statuses)
+        await _hang_ups(probe, address, rng, stored)
         _send_datagrams(address, rng)
         await asyncio.sleep(0.5)
         await _peer_is_intact(probe, cluster, pid, stored)
