@@ -47,7 +47,6 @@ __all__ = [
     "compression_level",
     "decode",
     "encode",
-    "encode_checked",
     "is_chunk_id",
     "parse_header",
     "verify_stored",
@@ -230,21 +229,13 @@ def verify_stored(stored: bytes | memoryview, expected_id: str | None = None) ->
 
 def check_before_write(stored: bytes | memoryview, expected_id: str) -> StoredHeader:
     """What a peer checks before it writes a chunk: everything ``decode`` checks, the
-    content address included (a compressed chunk is decompressed and hashed). A writer
-    checks what it encoded too (``encode_checked``), but a peer never lets the first
-    writer of an address decide what the address means: a payload altered after its
-    writer's check, with a checksum recomputed to match, is refused here."""
+    content address included (a compressed chunk is decompressed and hashed), so that
+    the first writer of an address never decides what it means: a payload altered by a
+    fault in its writer or on the way, with a checksum recomputed to match, is refused
+    here. The writer does not decode what it encoded (every replica does): it encodes
+    again when the replicas refuse it (``ChunkIO.store_raw_chunk``)."""
     decode_view(stored, expected_id)
     return parse_header(stored)
-
-
-def encode_checked(raw: bytes | memoryview) -> tuple[str, bytes]:
-    """``encode``, then the stored form decoded and checked against its address when it
-    is compressed (a fault between hashing and compressing never reaches a replica)."""
-    chunk_id, stored = encode(raw)
-    if parse_header(stored).codec != CODEC_RAW:
-        decode_view(stored, chunk_id)
-    return chunk_id, stored
 
 
 def _frame_content_size(payload: memoryview) -> int:

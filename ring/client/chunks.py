@@ -74,7 +74,7 @@ class ChunkIO:
         )
 
     def _encode(self, raw: bytes) -> tuple[str, bytes, BodyDigest]:
-        chunk_id, stored = codec.encode_checked(raw)
+        chunk_id, stored = codec.encode(raw)
         return chunk_id, stored, self._transport.digest(stored)
 
     async def store_raw_chunk(self, raw: bytes) -> str:
