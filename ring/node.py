@@ -74,6 +74,9 @@ CONTROL_TIMEOUTS = TransportTimeouts(connect_s=1.0, read_s=3.0)
 EGRESS_BURST_BYTES = 64 * 1024
 # How often a member table or identity that could not be saved (full disk) is retried.
 SAVE_RETRY_INTERVAL_S = 2.0
+# Joining the overlay again while no seed answered: the pause doubles between these.
+OVERLAY_JOIN_PAUSE_S_MIN = 1.0
+OVERLAY_JOIN_PAUSE_S_MAX = 30.0
 
 
 def _saved_epoch(path: Path, peer_id: str) -> int:
@@ -378,13 +381,29 @@ class Node:
             group.create_task(self._retry_saves())
 
     async def _join_overlay(self) -> None:
+        """Join the overlay through the seeds; while it finds no contact (the seeds start
+        later, or their names do not resolve yet), again after a pause that doubles from
+        ``OVERLAY_JOIN_PAUSE_S_MIN`` to ``OVERLAY_JOIN_PAUSE_S_MAX``."""
         assert self.overlay is not None
-        contacts = await self.overlay.bootstrap(list(self.config.seeds))
-        own = json.dumps({"peer_id": self.config.peer_id, "address": self.config.address})
-        await self.overlay.announce(f"sr3/peer/{self.config.peer_id}", own.encode())
-        log.info(
-            "overlay: %d contacts after joining through %d seeds", contacts, len(self.config.seeds)
-        )
+        config = self.config
+        others = [
+            s for s in config.seeds if s not in (config.address, f"{config.host}:{config.port}")
+        ]
+        pause_s = OVERLAY_JOIN_PAUSE_S_MIN
+        while True:
+            contacts = await self.overlay.bootstrap(list(config.seeds))
+            if contacts or not others:
+                break
+            log.info(
+                "overlay: 0 contacts after joining through %d seeds; trying again in %.0f s",
+                len(config.seeds),
+                pause_s,
+            )
+            await asyncio.sleep(pause_s)
+            pause_s = min(OVERLAY_JOIN_PAUSE_S_MAX, 2 * pause_s)
+        own = json.dumps({"peer_id": config.peer_id, "address": config.address})
+        await self.overlay.announce(f"sr3/peer/{config.peer_id}", own.encode())
+        log.info("overlay: %d contacts after joining through %d seeds", contacts, len(config.seeds))
 
     async def _repair_when_ready(self) -> None:
         await self.gossiper.ready.wait()

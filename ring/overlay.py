@@ -257,7 +257,7 @@ class Overlay:
             rpc_timeout_s=rpc_timeout_s,
         )
         self._own_values = OwnValues()
-        self._seeds: list[Address] = []
+        self._seed_names: list[str] = []
         self._address: Address | None = None
 
     async def start(self, host: str, port: int, advertise: str | None = None) -> None:
@@ -310,16 +310,17 @@ class Overlay:
     async def bootstrap(self, seeds: Sequence[str]) -> int:
         """Join through ``seeds`` ("host:port"); the number of contacts known afterwards.
 
-        Seeds that do not parse, resolve or answer are skipped. They are remembered: a
-        refresh that finds no contacts joins through them again.
+        Seeds that do not parse, resolve or answer are skipped. They are remembered, by
+        name: a refresh that finds no contacts resolves them again and joins through
+        them (in a container network a seed's name resolves only once it started).
         """
+        self._seed_names = list(seeds[:SEEDS_MAX])
         resolved: list[Address] = []
         for seed in seeds[:SEEDS_MAX]:
             address = await _resolve_seed(seed)
             own = self._protocol.own_addresses()
             if address is not None and address not in own and address not in resolved:
                 resolved.append(address)
-        self._seeds = resolved
         await self._join(resolved)
         return len(self.contacts())
 
@@ -382,8 +383,8 @@ class Overlay:
         Rejoins through the seeds when no contact is left, looks up a random id in every
         bucket not used within the interval, and re-announces this node's own values.
         """
-        if not self.contacts() and self._seeds:
-            await self._join(self._seeds)
+        if not self.contacts() and self._seed_names:
+            await self.bootstrap(self._seed_names)
         # Bucket stamps are kademlia's own (time.monotonic), so they are compared on it.
         stale_before = time.monotonic() - self._refresh_interval_s
         buckets = self._protocol.router.buckets

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from support import HttpProbe, start_cluster
+from support import HttpProbe, next_base_port, start_cluster
 
 from ring import api
 from ring.client import Client, ClientOptions
@@ -36,6 +36,8 @@ SHORT_FLAGS = [
     "--scrub-rate", "0",
 ]  # fmt: skip
 WAIT_S = 40.0
+# Well inside the overlay's refresh interval (60 s), which rejoined without the retry.
+OVERLAY_JOIN_WAIT_S = 15.0
 FAST_CLOSE = ClientOptions(close_wait_s=0.5)
 
 
@@ -160,3 +162,36 @@ async def test_the_founder_and_another_killed_right_after_formation_leave_record
                 assert await client.put_record(key, b"again", expected_version=1) == 2
     finally:
         cluster.down(purge=True)
+
+
+async def test_a_peer_started_before_its_seed_joins_the_overlay_once_the_seed_is_up(
+    tmp_path: Path,
+) -> None:
+    """Breaks: a joiner starts 3 s before the founder it seeds from (a cold ``compose
+    up``). Must hold: it keeps trying to join the overlay (was: one try, then 0 contacts
+    until the overlay's refresh a minute later), and has a contact within seconds of the
+    founder's start; both end in one ring."""
+    cluster = LocalCluster.create(
+        tmp_path / "cold", 2, cluster_file=tmp_path / "cold" / "cluster.json",
+        base_port=next_base_port(), peer_flags=SHORT_FLAGS,
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(cluster.start, "peer-2", wait=False)
+        await asyncio.sleep(3.0)
+        await asyncio.to_thread(cluster.start)
+        joiner = cluster.peer("peer-2")
+        async with HttpProbe(cluster.secret) as probe:
+
+            async def contacts() -> bool:
+                overlay = (await probe.info(joiner.address))["overlay"]
+                return bool(overlay and overlay["contacts"])
+
+            deadline = time.monotonic() + OVERLAY_JOIN_WAIT_S
+            while not await contacts():
+                assert time.monotonic() < deadline, "the joiner has no overlay contact"
+                await asyncio.sleep(0.2)
+            assert len(await cluster_answers(probe, cluster)) == 2
+        log = await asyncio.to_thread(Path(joiner.log_file or "").read_text)
+        assert "0 contacts after joining through 1 seeds; trying again" in log
+    finally:
+        await asyncio.to_thread(cluster.down, purge=True)

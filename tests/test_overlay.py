@@ -29,6 +29,7 @@ import umsgpack
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import ring.overlay as overlay_module
 from ring.overlay import (
     DATAGRAM_BYTES_MAX,
     DROP_REASONS,
@@ -413,6 +414,30 @@ async def test_refresh_rejoins_through_seeds_that_were_down(swarm: Swarm) -> Non
     seed = await swarm.add(host=seed_host, port=seed_port)
     await eventually(lambda: joiner.overlay.contacts() == [seed.address], "joiner found seed")
     assert seed.overlay.contacts() == [joiner.address]
+
+
+async def test_refresh_resolves_seed_names_again(
+    swarm: Swarm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaks: a seed name that does not resolve when the node starts (a container whose
+    name is registered only once it runs; name resolution is stood in for). Must hold:
+    a later refresh resolves it again and joins (was: the seed was dropped for good)."""
+    seed = await swarm.add()
+    joiner = await swarm.add(refresh_interval_s=0.1)
+    registered = False
+    real = overlay_module._resolve
+
+    async def resolve(text: str) -> Address:
+        if text.startswith("seed-host:"):
+            if not registered:
+                raise ValueError("does not resolve")
+            return await real(f"{seed.host}:{text.rpartition(':')[2]}")
+        return await real(text)
+
+    monkeypatch.setattr(overlay_module, "_resolve", resolve)
+    assert await joiner.overlay.bootstrap([f"seed-host:{seed.port}"]) == 0
+    registered = True
+    await eventually(lambda: joiner.overlay.contacts() == [seed.address], "joiner found seed")
 
 
 async def test_refresh_reannounces_own_values(swarm: Swarm) -> None:
