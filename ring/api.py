@@ -72,6 +72,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ring import codec
+from ring.cluster import INTERNAL_NETWORK, check_networks
 from ring.errors import ProtocolError
 from ring.membership import MEMBERS_MAX, Entry
 from ring.parse import (
@@ -379,6 +380,14 @@ class MemberState:
     zone: str
     # up / down as the answering peer sees it
     state: str
+    # The member's addresses on other networks, by name (``ring.cluster.check_networks``).
+    networks: tuple[tuple[str, str], ...] = ()
+
+    def address_on(self, network: str) -> str | None:
+        """Its address on ``network`` (the peers' own: ``INTERNAL_NETWORK``), if any."""
+        if network == INTERNAL_NETWORK:
+            return self.address
+        return dict(self.networks).get(network)
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,7 +405,13 @@ class RingDescription:
     def to_json(self) -> dict[str, Any]:
         return {
             "members": [
-                {"peer_id": m.peer_id, "address": m.address, "zone": m.zone, "state": m.state}
+                {
+                    "peer_id": m.peer_id,
+                    "address": m.address,
+                    "zone": m.zone,
+                    "state": m.state,
+                    **({"networks": dict(m.networks)} if m.networks else {}),
+                }
                 for m in self.members
             ],
             "replication": self.replication,
@@ -410,9 +425,14 @@ class RingDescription:
     def from_json(cls, answer: Any) -> RingDescription:
         try:
             members = tuple(
-                MemberState(str(m["peer_id"]), str(m["address"]), str(m.get("zone", "")), state)
+                MemberState(
+                    str(m["peer_id"]),
+                    str(m["address"]),
+                    str(m.get("zone", "")),
+                    str(m.get("state", "up")),
+                    check_networks(m.get("networks", {})),
+                )
                 for m in answer["members"]
-                for state in [str(m.get("state", "up"))]
             )
             return cls(
                 members,

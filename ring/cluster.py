@@ -43,8 +43,11 @@ __all__ = [
     "VOTERS_MAX",
     "Configuration",
     "ClusterAnswer",
+    "INTERNAL_NETWORK",
+    "NETWORKS_MAX",
     "check_address",
     "check_name",
+    "check_networks",
     "majority",
     "new_cluster_id",
     "parse_cluster_answer",
@@ -62,6 +65,11 @@ _ID_CHARS_MAX = 128
 _ADDRESS_CHARS_MAX = 300
 _ADDRESS_PATTERN = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 _CLUSTER_PATTERN = re.compile(r"[0-9a-f]{32}")
+# A peer's own address is on this network (peer-to-peer traffic); it may also advertise
+# an address on each of up to NETWORKS_MAX others (clients outside the peers' network).
+INTERNAL_NETWORK = "internal"
+NETWORKS_MAX = 8
+NETWORK_NAME_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,31}")
 # One configuration as JSON: MEMBERS_MAX members of at most ~450 bytes each.
 CONFIG_BYTES_MAX = MEMBERS_MAX * 512 + 1024
 
@@ -85,6 +93,23 @@ def check_address(value: Any) -> str:
     if match is None or not 0 < int(match.group(1)) < 65536:
         raise ProtocolError(f"address {value[:80]!r} is not host:port")
     return value
+
+
+def check_networks(value: Any) -> tuple[tuple[str, str], ...]:
+    """A peer's addresses on other networks (``{"external": "127.0.0.1:7401"}``): at most
+    ``NETWORKS_MAX``, each named by ``NETWORK_NAME_PATTERN``, sorted by name. The
+    peer's own ``address`` is on the network named ``INTERNAL_NETWORK``, which is not
+    listed here."""
+    if not isinstance(value, dict) or len(value) > NETWORKS_MAX:
+        raise ProtocolError(f"networks are an object of at most {NETWORKS_MAX} name: address")
+    for name in value:
+        if not isinstance(name, str) or NETWORK_NAME_PATTERN.fullmatch(name) is None:
+            raise ProtocolError(
+                f"a network name is {NETWORK_NAME_PATTERN.pattern}, not {str(name)[:40]!r}"
+            )
+        if name == INTERNAL_NETWORK:
+            raise ProtocolError(f"{INTERNAL_NETWORK!r} names the peer's own address")
+    return tuple(sorted((name, check_address(address)) for name, address in value.items()))
 
 
 def majority(count: int) -> int:

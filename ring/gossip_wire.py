@@ -7,7 +7,7 @@ message carries:
 
 - ``cluster_epoch``: the configuration epoch the sender is at (``ring.metadata``);
 - ``digest``: an xxh3 of every entry's fields but the heartbeat (peer id, address,
-  zone, status, incarnation, settled epoch), in peer-id order: equal digests mean equal
+  networks, zone, status, incarnation, settled epoch), in peer-id order: equal digests mean equal
   tables up to liveness;
 - ``ages``: one byte per entry, in the same order: how long ago the sender last heard
   from that peer, in tenths of a second rounded up (255: not within 25.4 s, or never).
@@ -64,6 +64,8 @@ def table_digest(entries: Sequence[Entry]) -> str:
     for entry in entries:
         fields = (entry.peer_id, entry.address, entry.zone, entry.status)
         hasher.update("\0".join(fields).encode())
+        for name, address in entry.networks:
+            hasher.update(f"\0{name}={address}".encode())
         hasher.update(f"\0{entry.epoch}\0{entry.settled}\n".encode())
     return hasher.hexdigest()
 

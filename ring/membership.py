@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ring.cluster import Configuration, check_address, check_name
+from ring.cluster import Configuration, check_address, check_name, check_networks
 from ring.errors import ProtocolError
 from ring.placement import Member
 
@@ -68,6 +68,8 @@ class Entry:
     # The configuration epoch at which this peer last finished catching up on every
     # record it answers for (``ring.settle``; 0: not yet).
     settled: int = 0
+    # Its addresses on other networks than the peers' own (``ring.cluster``), by name.
+    networks: tuple[tuple[str, str], ...] = ()
 
     @property
     def version(self) -> tuple[int, int]:
@@ -78,7 +80,11 @@ class Entry:
         return Member(self.peer_id, self.address, self.zone)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["networks"] = dict(self.networks)
+        if not self.networks:
+            del data["networks"]
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> Entry:
@@ -95,6 +101,7 @@ class Entry:
                 epoch=_counter(data["epoch"], "epoch"),
                 heartbeat=_counter(data["heartbeat"], "heartbeat"),
                 settled=_counter(data.get("settled", 0), "settled"),
+                networks=_networks(data.get("networks", {})),
             )
         except KeyError as exc:
             raise ProtocolError(f"malformed member entry: {exc!r}") from exc
@@ -119,6 +126,13 @@ def _name(value: Any, name: str, *, empty: bool) -> str:
 def _address(value: Any) -> str:
     try:
         return check_address(value)
+    except ProtocolError as exc:
+        raise ProtocolError(f"a member entry's {exc}") from exc
+
+
+def _networks(value: Any) -> tuple[tuple[str, str], ...]:
+    try:
+        return check_networks(value)
     except ProtocolError as exc:
         raise ProtocolError(f"a member entry's {exc}") from exc
 

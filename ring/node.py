@@ -219,7 +219,10 @@ class Node:
         self.records.open()
         self.hints.open()
         self.metadata.open()
-        me = Entry(config.peer_id, config.address, config.zone, "up", self.epoch, 0)
+        me = Entry(
+            config.peer_id, config.address, config.zone, "up", self.epoch, 0,
+            networks=config.networks,
+        )  # fmt: skip
         timeouts = Timeouts(config.failure_timeout_s, config.removal_grace_s)
         self._table = MemberTable(me, self.clocks.monotonic, timeouts)
         self._table.configuration = self.metadata.current

@@ -171,7 +171,7 @@ class Peer:
         # Signed timestamps are compared across machines: wall time.
         self.verifier = Verifier(config.secret, node.clocks.wall)
         # The addresses a correctly targeted request may name.
-        self.addresses = frozenset({config.address, f"{config.host}:{config.port}"})
+        self.addresses = config.addresses
         self.metrics = PeerMetrics()
         self.chunks.on_corrupt = self._on_corrupt
         watch_node(self.metrics, node)
@@ -308,11 +308,18 @@ class Peer:
         if not self.node.gossiper.ready.is_set():
             return _error(503, "not_ready", "this peer is still learning the member table")
         config = self.config
-        states = self.node.table.states()
+        table = self.node.table
+        states = table.states()
         description = api.RingDescription(
             tuple(
-                api.MemberState(m.peer_id, m.address, m.zone, states[m.peer_id])
-                for m in self.node.table.placement()
+                api.MemberState(
+                    m.peer_id,
+                    m.address,
+                    m.zone,
+                    states[m.peer_id],
+                    entry.networks if (entry := table.entry(m.peer_id)) is not None else (),
+                )
+                for m in table.placement()
             ),
             config.replication,
             config.write_quorum,

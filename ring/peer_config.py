@@ -35,6 +35,9 @@ class PeerConfig:
     direct_io: bool = True
     # The address other peers and clients use, when it differs from host:port (containers).
     advertise: str | None = None
+    # (name, host:port): where clients on other networks reach this peer (a port
+    # published on a host, a load balancer), sorted by name (``ring.cluster``).
+    networks: tuple[tuple[str, str], ...] = ()
     failure_timeout_s: float = 5.0
     removal_grace_s: float = 60.0
     gossip_interval_s: float = 1.0
@@ -61,3 +64,9 @@ class PeerConfig:
     @property
     def address(self) -> str:
         return self.advertise or f"{self.host}:{self.port}"
+
+    @property
+    def addresses(self) -> frozenset[str]:
+        """Every address a correctly targeted request may name: the advertised one, the
+        bound one and those on other networks."""
+        return frozenset({self.address, f"{self.host}:{self.port}", *dict(self.networks).values()})

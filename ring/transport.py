@@ -12,6 +12,7 @@ exceptions.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -165,6 +166,16 @@ class Transport:
         self._transfers: deque[tuple[int, float]] = deque(maxlen=SAMPLES_MAX)
         self._round_trips: deque[float] = deque(maxlen=SAMPLES_MAX)
         self._in_flight: dict[str, _InFlight] = {}
+        # Where an address came from, for the errors that name it ("peer-1's address on
+        # the 'internal' network, as 127.0.0.1:7401 described the ring"); None: not known.
+        self.describe_address: Callable[[str], str | None] = lambda _address: None
+
+    def _unreachable(self, address: str, what: str, exc: BaseException) -> PeerUnavailable:
+        reason = _reason(exc)
+        origin = self.describe_address(address)
+        if origin is not None and _unresolved(exc):
+            reason += f" ({address} is {origin})"
+        return PeerUnavailable(address, f"{what}: {reason}")
 
     def digest(self, body: bytes | memoryview | None) -> BodyDigest:
         """The digest a signature of ``body`` covers (compute it once per body, off the
@@ -224,7 +235,7 @@ class Transport:
                     payload = await _read_bounded(answer, body_bytes_max, address)
                     response = Response(answer.status, answer.headers, payload)
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise PeerUnavailable(address, f"{method} {path_qs[:60]}: {_reason(exc)}") from exc
+                raise self._unreachable(address, f"{method} {path_qs[:60]}", exc) from exc
             ended = time.perf_counter()
             shared = in_flight.advance(ended) - integral_at_start
         if response.status not in ok:
@@ -293,7 +304,7 @@ class Transport:
             try:
                 answer = await self._open().request(method, url, data=data, headers=headers)
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise PeerUnavailable(address, f"{what}: {_reason(exc)}") from exc
+                raise self._unreachable(address, what, exc) from exc
             try:
                 if answer.status not in ok:
                     raise _rejection(address, await _read_error(answer, address, what))
@@ -328,15 +339,24 @@ async def _read_error(answer: aiohttp.ClientResponse, address: str, what: str) -
     return Response(answer.status, answer.headers, payload)
 
 
+def _unresolved(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure to resolve the peer's host name."""
+    return isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
+        exc.os_error, socket.gaierror
+    )
+
+
 def _reason(exc: BaseException) -> str:
-    """Why a peer could not be reached, in words ("connection refused", "timed out"),
-    not aiohttp's repr of its connection key."""
+    """Why a peer could not be reached, in words ("connection refused", "timed out",
+    "cannot resolve peer1"), not aiohttp's repr of its connection key."""
     if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, aiohttp.ClientConnectorError):
         cause = exc.os_error
         if isinstance(cause, TimeoutError):
             return "timed out"
+        if isinstance(cause, socket.gaierror):
+            return f"cannot resolve {exc.host} ({cause.strerror or 'no such name'})"
         if cause.errno:
             return os.strerror(cause.errno).lower()
         return (cause.strerror or str(cause) or type(cause).__name__).lower()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,11 @@ def test_compose_file_describes_a_ring_of_at_least_five_peers() -> None:
         seeds = [seed for seed in environment["SR3_SEEDS"].split(",") if seed]
         assert all(seed.split(":")[0] in services for seed in seeds), "seeds are services"
         founders += not seeds
+        # Clients on the host reach the peer at its published port: it advertises that.
+        host_port = ":".join(_interpolate(service["ports"][0]).split(":")[:2])
+        networks = _interpolate(environment["SR3_ADVERTISE_NETWORKS"])
+        assert networks == f"external={host_port}", name
+        assert host_port.startswith("127.0.0.1:"), "published on loopback by default"
     assert founders == 1, "exactly one peer founds the ring (no seeds)"
     assert len(volumes) == len(services), "every peer needs a data volume of its own"
     assert _entrypoint() == ["sr3", "peer"]
@@ -66,9 +72,17 @@ def test_every_service_command_line_runs_a_real_peer(tmp_path: Path) -> None:
     port = pick_port(list(hosts.values()), 7600)
     secret = "compose-test-secret-0123456789"
 
+    # Each service's published port, as the host reaches it (its 'external' address).
+    published = {
+        name: ":".join(_interpolate(service["ports"][0]).split(":")[:2])
+        for name, service in services.items()
+    }
+
     def local(text: str) -> str:
+        text = _interpolate(text)
         for name, host in hosts.items():
             text = text.replace(f"{name}:7401", f"{host}:{port}")
+            text = text.replace(published[name], f"{host}:{port}")
         return text
 
     processes = []
@@ -103,6 +117,11 @@ def test_every_service_command_line_runs_a_real_peer(tmp_path: Path) -> None:
         for process in processes:
             assert process.wait(timeout=15) == 0, "a peer did not stop cleanly on SIGTERM"
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _interpolate(text: str) -> str:
+    """Compose's ``${NAME:-default}``, with the defaults (no .env in the test)."""
+    return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", lambda match: match.group(1), text)
 
 
 def _wait_healthy(address: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ring import api
 from ring.client.view import STATUS_TIMEOUT_S, RingTracker
+from ring.cluster import INTERNAL_NETWORK
 from ring.errors import NotFound, PeerError, PeerUnavailable, ProtocolError, SR3Error
 from ring.placement import Member
 from ring.transport import Transport
@@ -178,8 +179,13 @@ class Admin:
         await self._transport.request(member.address, route.method, route.pattern, ok=(202,))
         self._view.mark_down(member)
 
-    async def _probe(self, entry: Mapping[str, Any], ownership: float) -> PeerStatus:
+    async def _probe(self, entry: Mapping[str, Any], ownership: float, network: str) -> PeerStatus:
         peer_id, address = str(entry["peer_id"]), str(entry["address"])
+        if network != INTERNAL_NETWORK:
+            # The member's address on the network this client reaches the ring on.
+            networks = entry.get("networks")
+            if isinstance(networks, dict) and isinstance(networks.get(network), str):
+                address = networks[network]
         ring_state = str(entry.get("state", "up"))
         try:
             async with asyncio.timeout(STATUS_TIMEOUT_S):
@@ -209,7 +215,9 @@ class Admin:
         entries = await self.members()
         async with asyncio.TaskGroup() as group:
             tasks = [
-                group.create_task(self._probe(entry, ownership.get(str(entry["peer_id"]), 0.0)))
+                group.create_task(
+                    self._probe(entry, ownership.get(str(entry["peer_id"]), 0.0), view.network)
+                )
                 for entry in entries
             ]
         peers = tuple(task.result() for task in tasks)

@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -59,6 +60,10 @@ NAME_ATTEMPTS_MAX = 4
 # An upload to be named that took this long is stored again once named, in case it
 # outlasted the peers' --gc-grace (3600 s by default) and some chunks were collected.
 RESTORE_AFTER_S = 300.0
+
+# The network to reach peers on when ``ClientOptions.network`` is not set (else the
+# network of the address a seed was reached at).
+NETWORK_ENV = "SR3_NETWORK"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,8 @@ class Client:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         ring, secret = _resolve(ring, secret)
+        if options.network is None and (network := os.environ.get(NETWORK_ENV, "").strip()):
+            options = replace(options, network=network)
         self.seeds = parse_seeds(ring)
         if len(secret) < SECRET_CHARS_MIN:
             raise ConfigError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")

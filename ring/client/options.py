@@ -66,6 +66,10 @@ class ClientOptions:
     # Extra requests in flight per chunk read, to replicas asked because the first was
     # silent past the hedge delay (``ring.client.view.LatencyWindow``).
     read_hedges_max: int = 1
+    # The network whose addresses this client reaches peers at (peers advertise one
+    # address per network, ``sr3 peer --advertise-networks``; "internal" is the peers'
+    # own). None: the network of the address a seed was reached at.
+    network: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

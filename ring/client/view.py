@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from ring import api, paxos
 from ring.client.options import ClientOptions
+from ring.cluster import INTERNAL_NETWORK
 from ring.errors import ConfigError, PeerError, PeerUnavailable, ProtocolError
 from ring.placement import Member, Ring
 from ring.transport import Transport
@@ -81,6 +82,9 @@ class RingView:
     ring_write_quorum: int = 0
     # The configuration epoch of these members: every record round carries it.
     epoch: int = 0
+    # The network whose addresses the members carry, and the peer that described them.
+    network: str = INTERNAL_NETWORK
+    source: str = ""
 
     def record_quorums(self) -> tuple[int, int]:
         """A record's acceptors and the quorum of its rounds: ``2R - 1`` of the ring's
@@ -141,6 +145,14 @@ class RingTracker:
         self.background_dropped = 0
         self._widening = asyncio.Lock()
         self._widened_at = float("-inf")
+        # Member address -> where it came from, for errors that name it (the last view).
+        self._advertised: dict[str, str] = {}
+        transport.describe_address = self.describe_address
+
+    def describe_address(self, address: str) -> str | None:
+        """Where a member address came from ("peer-1's address on the 'internal'
+        network, as 127.0.0.1:7401 described the ring"), or None for a seed."""
+        return self._advertised.get(address)
 
     # -- the member table ---------------------------------------------------------------
 
@@ -264,11 +276,34 @@ class RingTracker:
         answer = await self._transport.request(
             address, route.method, route.pattern, any_target=True
         )
-        return self._parse_ring(answer.json())
+        return self._parse_ring(answer.json(), address)
 
-    def _parse_ring(self, answer: object) -> RingView:
+    def _network(self, description: api.RingDescription, source: str) -> str:
+        """The network to reach members on: the one chosen (``ClientOptions.network``),
+        else the one ``source`` (the address the description came from) is on, else
+        the one used so far."""
+        if self.options.network is not None:
+            return self.options.network
+        for member in description.members:
+            if member.address == source:
+                return INTERNAL_NETWORK
+            for name, address in member.networks:
+                if address == source:
+                    return name
+        return self._view.network if self._view is not None else INTERNAL_NETWORK
+
+    def _parse_ring(self, answer: object, source: str) -> RingView:
         description = api.RingDescription.from_json(answer)
-        members = [Member(m.peer_id, m.address, m.zone) for m in description.members]
+        network = self._network(description, source)
+        members = [
+            Member(m.peer_id, m.address_on(network) or m.address, m.zone)
+            for m in description.members
+        ]
+        self._advertised = {
+            member.address: f"{member.peer_id}'s address on the {network!r} network, "
+            f"as {source} described the ring"
+            for member in members
+        }
         states = {m.peer_id: m.state for m in description.members}
         try:
             ring = Ring.build(members, vnodes=description.vnodes, zone_aware=description.zone_aware)
@@ -281,6 +316,7 @@ class RingTracker:
         return RingView(
             ring, replication, write_quorum, states, self._clock(),
             description.replication, description.write_quorum, description.epoch,
+            network, source,
         )  # fmt: skip
 
     # -- suspicion ----------------------------------------------------------------------

@@ -107,12 +107,17 @@ def _describe_unreachable(exc: PeerUnavailable, ring_flag: str | None, has_ring:
         return f"cannot reach {exc.address} (from {ring_source(ring_flag)})"
     if exc.address == "ring":
         where = f" (from {ring_source(ring_flag)})" if has_ring else ""
-        return f"cannot reach any peer of the ring{where}"
+        detail = str(exc).removeprefix("ring: ")
+        return f"cannot reach any peer of the ring{where}: {detail}"
     return f"cannot reach {exc.address}: {_unreachable_reason(exc)}"
 
 
 def _unreachable_reason(exc: BaseException) -> str:
-    """The innermost OS-level reason (refused, timed out) rather than aiohttp's repr."""
+    """The innermost OS-level reason (refused, timed out, a name that does not
+    resolve) rather than aiohttp's repr."""
+    text = str(exc)
+    if "cannot resolve " in text:  # the transport's words, with where the name came from
+        return text[text.index("cannot resolve ") :]
     reason = "no answer"
     seen: set[int] = set()
     cause: BaseException | None = exc

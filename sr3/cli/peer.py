@@ -14,8 +14,9 @@ from pathlib import Path
 import click
 
 from ring.auth import SECRET_CHARS_MIN
+from ring.cluster import check_networks
 from ring.config import parse_size
-from ring.errors import ConfigError
+from ring.errors import ConfigError, ProtocolError
 from ring.placement import VNODES_DEFAULT
 from sr3.cli._shared import fail_cleanly, parse_rate, ring_options, ring_settings
 
@@ -35,6 +36,11 @@ def _seeds(text: str) -> tuple[str, ...]:
 @click.option(
     "--advertise", envvar="SR3_ADVERTISE", help="HOST:PORT others reach (default: --listen)."
 )
+@click.option(
+    "--advertise-networks", envvar="SR3_ADVERTISE_NETWORKS", default="",
+    help="NAME=HOST:PORT[,...]: where clients on other networks reach this peer (e.g. "
+    "external=127.0.0.1:7401 for a published port); --advertise is the 'internal' one.",
+)  # fmt: skip
 @click.option(
     "--data", "data_dir", envvar="SR3_DATA",
     type=click.Path(file_okay=False, path_type=Path), help="Data folder (required).",
@@ -114,8 +120,8 @@ def _seeds(text: str) -> tuple[str, ...]:
 @fail_cleanly
 def peer(
     ctx: click.Context, peer_id: str | None, listen: str | None, advertise: str | None,
-    data_dir: Path | None, seeds: str, zone: str, replication: int, write_quorum: int,
-    vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
+    advertise_networks: str, data_dir: Path | None, seeds: str, zone: str, replication: int,
+    write_quorum: int, vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
     removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
     scrub_rate: str, scrub_interval: float, gc_interval: float, gc_grace: float,
     tombstone_ttl: float, overlay: bool, direct_io: bool, rng_seed: int | None, egress_rate: str,
@@ -153,7 +159,8 @@ def peer(
         seeds=_seeds(seeds), zone=zone, replication=replication, write_quorum=write_quorum,
         vnodes=vnodes, zone_aware=zone_aware,
         capacity_bytes=parse_size(capacity) if capacity else None,
-        advertise=advertise or listen, failure_timeout_s=failure_timeout,
+        advertise=advertise or listen, networks=_networks(advertise_networks),
+        failure_timeout_s=failure_timeout,
         removal_grace_s=removal_grace, gossip_interval_s=gossip_interval,
         repair_interval_s=repair_interval, repair_rate_bytes_s=parse_rate(repair_rate),
         scrub_rate_bytes_s=parse_rate(scrub_rate), scrub_interval_s=scrub_interval,
@@ -164,6 +171,20 @@ def peer(
     )  # fmt: skip
     # ring/ does not import recovery/: the relay's route is wired in here.
     run_peer(config, extensions=(install_recovery_relay, install_file_namespace))
+
+
+def _networks(text: str) -> tuple[tuple[str, str], ...]:
+    """``--advertise-networks``: ``name=host:port`` pairs, comma-separated."""
+    pairs: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, address = item.partition("=")
+        if not equals or name in pairs:
+            raise ConfigError(f"--advertise-networks: {item!r} is not NAME=HOST:PORT (once each)")
+        pairs[name.strip()] = address.strip()
+    try:
+        return check_networks(pairs)
+    except ProtocolError as exc:
+        raise ConfigError(f"--advertise-networks: {exc}") from exc
 
 
 @peer.command("leave")
