@@ -205,8 +205,9 @@ class ChunkStore:
         """
         stored = await self._read(chunk_id)
         if stored is not None:
-            full = chunk_id not in self._verified
-            await self._check(chunk_id, stored, codec.decode_view if full else codec.verify_stored)
+            verified = chunk_id in self._verified
+            check = codec.verify_stored if verified else codec.check_content
+            await self._check(chunk_id, stored, check)
         return stored
 
     async def verify(self, chunk_id: str) -> bool:
@@ -215,7 +216,7 @@ class ChunkStore:
         stored = await self._read(chunk_id)
         if stored is None:
             return False
-        await self._check(chunk_id, stored, codec.decode_view)
+        await self._check(chunk_id, stored, codec.check_content)
         return True
 
     async def _read(self, chunk_id: str) -> bytes | None:
@@ -232,13 +233,13 @@ class ChunkStore:
         self, chunk_id: str, stored: bytes, check: Callable[[bytes, str], object]
     ) -> None:
         """Run ``check`` in a worker thread; a chunk that fails is quarantined, and one
-        that passes a full check (``codec.decode_view``) is verified."""
+        that passes a full check (``codec.check_content``) is verified."""
         try:
             await asyncio.to_thread(check, stored, chunk_id)
         except ChunkCorrupt as exc:
             await self.quarantine(chunk_id, str(exc))
             raise
-        if check is codec.decode_view and chunk_id in self._index:
+        if check is codec.check_content and chunk_id in self._index:
             self._verified.add(chunk_id)
 
     async def delete(self, chunk_id: str) -> bool:

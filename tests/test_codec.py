@@ -249,3 +249,46 @@ def test_any_header_byte_flip_is_caught_without_decompressing(position: int) -> 
     stored[position] ^= 0x01
     with pytest.raises(ChunkCorrupt):
         codec.verify_stored(bytes(stored), ZSTD_ID)
+
+
+def _with_payload(stored: bytes, payload: bytes) -> bytes:
+    """``stored``'s header over another payload, its length and checksum recomputed
+    (what a writer with the secret could send)."""
+    header = bytearray(stored[: codec.HEADER_BYTES])
+    header[16:24] = struct.pack("<Q", len(payload))
+    header[24:32] = struct.pack("<Q", xxhash.xxh3_64_intdigest(payload))
+    return bytes(header) + payload
+
+
+@REPLAYABLE
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["flip", "cut", "append", "other", "none"]))
+def test_the_peers_content_check_agrees_with_a_readers_decode(seed: int, change: str) -> None:
+    """Breaks: a compressed chunk's payload flipped, cut, with bytes appended, or replaced
+    by another chunk's, each with its length and checksum recomputed. Must hold: the
+    check a peer runs before writing (``check_content``, into a reused buffer) refuses
+    exactly what a reader's ``decode`` refuses, and never returns other content."""
+    rng = random.Random(seed)
+    offset = rng.randrange(0, len(COMPRESSIBLE) - 100_000)
+    chunk_id, stored = codec.encode(COMPRESSIBLE[offset : offset + 100_000])
+    assert codec.parse_header(stored).codec == codec.CODEC_ZSTD
+    payload = bytearray(stored[codec.HEADER_BYTES :])
+    if change == "flip":
+        payload[rng.randrange(len(payload))] ^= 1 << rng.randrange(8)
+    elif change == "cut":
+        del payload[rng.randrange(1, len(payload)) :]
+    elif change == "append":
+        payload += codec.encode(rng.randbytes(100) * 50)[1][codec.HEADER_BYTES :]
+    elif change == "other":
+        payload = bytearray(codec.encode(COMPRESSIBLE[:90_000])[1][codec.HEADER_BYTES :])
+    candidate = _with_payload(stored, bytes(payload))
+    try:
+        decoded = codec.decode(candidate, chunk_id)
+    except ChunkCorrupt:
+        decoded = None
+    try:
+        codec.check_content(candidate, chunk_id)
+        checked = True
+    except ChunkCorrupt:
+        checked = False
+    assert checked == (decoded is not None), change
+    assert decoded is None or codec.chunk_id(decoded) == chunk_id
