@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ring.errors import ConfigError
+from ring.tls import ClientTls
 
 __all__ = [
     "CLUSTER_FILE_FORMAT",
@@ -77,6 +78,9 @@ class ClusterFile:
     # Extra ``sr3 peer`` flags every peer of the cluster runs with (timeouts, rates).
     peer_flags: tuple[str, ...] = ()
     format: int = CLUSTER_FILE_FORMAT
+    # The folder of the cluster's TLS files (``sr3 cluster up --tls``): ca.pem, each
+    # peer's certificate and key, and client.pem/client.key; "" for plain HTTP.
+    tls_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -115,6 +119,25 @@ class Settings:
     ring: str
     secret: str
     cluster: ClusterFile | None
+
+
+def resolve_tls(cluster: ClusterFile | None) -> ClientTls | None:
+    """What a client connects with: ``SR3_TLS_CA`` (with ``SR3_TLS_CERT`` and
+    ``SR3_TLS_KEY`` when peers require a client certificate), else the cluster file's
+    TLS files when the ring came from it, else None (plain HTTP)."""
+    ca = os.environ.get("SR3_TLS_CA", "").strip()
+    cert = os.environ.get("SR3_TLS_CERT", "").strip()
+    key = os.environ.get("SR3_TLS_KEY", "").strip()
+    if ca:
+        if bool(cert) != bool(key):
+            raise ConfigError("SR3_TLS_CERT and SR3_TLS_KEY go together")
+        return ClientTls(Path(ca), Path(cert) if cert else None, Path(key) if key else None)
+    if cert or key:
+        raise ConfigError("SR3_TLS_CERT and SR3_TLS_KEY need SR3_TLS_CA (the cluster's CA)")
+    if cluster is not None and cluster.tls_dir:
+        folder = Path(cluster.tls_dir)
+        return ClientTls(folder / "ca.pem", folder / "client.pem", folder / "client.key")
+    return None
 
 
 def resolve(

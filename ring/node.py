@@ -53,6 +53,7 @@ from ring.repair import Repairer, RepairSettings
 from ring.scrubber import Scrubber
 from ring.settle import SETTLE_INTERVAL_S, Settler
 from ring.steward import Steward, StewardSettings
+from ring.tls import ClientTls, client_context
 from ring.transport import Timeouts as TransportTimeouts
 from ring.transport import Transport
 
@@ -140,9 +141,17 @@ class Node:
         # The cluster configuration this peer learned and its vote on the next one.
         self.metadata = Metadata(config.data_dir, config.peer_id, clocks.wall)
         # Signatures carry unix time: the peers that check them compare it with theirs.
-        self.data_transport = Transport(config.secret, clock=clocks.wall)
+        # With TLS, this peer calls others over HTTPS, trusting the cluster CA and
+        # presenting its own certificate (peers may require one).
+        tls = config.tls
+        outgoing = (
+            None
+            if tls is None
+            else client_context(ClientTls(tls.ca_file, tls.cert_file, tls.key_file))
+        )
+        self.data_transport = Transport(config.secret, clock=clocks.wall, tls=outgoing)
         self.control_transport = Transport(
-            config.secret, timeouts=CONTROL_TIMEOUTS, clock=clocks.wall
+            config.secret, timeouts=CONTROL_TIMEOUTS, clock=clocks.wall, tls=outgoing
         )
         # Emulated egress link (``--egress-rate``), shared by chunk reads and recovery
         # streams so that both draw on one budget.

@@ -10,6 +10,7 @@ from ring.gc import GC_GRACE_S_DEFAULT, GC_INTERVAL_S_DEFAULT
 from ring.placement import VNODES_DEFAULT
 from ring.records import TOMBSTONE_TTL_S_DEFAULT
 from ring.scrubber import INTERVAL_S_DEFAULT as SCRUB_INTERVAL_S_DEFAULT
+from ring.tls import ServerTls
 
 __all__ = ["PeerConfig"]
 
@@ -60,6 +61,8 @@ class PeerConfig:
     added_latency_ms: float = 0.0
     # Serve POST /v1/admin/kill (drills on a running ring); off by default.
     admin_kill: bool = False
+    # HTTPS for every HTTP hop to and from this peer (``ring.tls``); None: plain HTTP.
+    tls: ServerTls | None = None
 
     @property
     def address(self) -> str:

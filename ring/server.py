@@ -16,6 +16,7 @@ from ring.clock import SYSTEM_CLOCKS
 from ring.node import Node
 from ring.peer import AppExtension, build_app, runner_options
 from ring.peer_config import PeerConfig
+from ring.tls import CertificateReloader, server_context
 
 __all__ = ["run_peer", "serve"]
 
@@ -86,12 +87,18 @@ async def serve(
         **runner_options(),
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    tls = server_context(config.tls) if config.tls is not None else None
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, ssl_context=tls)
     try:
         await site.start()
         await node.start_overlay()
-        log.info("peer %s (epoch %d) listening on %s", config.peer_id, node.epoch, config.address)
+        log.info(
+            "peer %s (epoch %d) listening on %s%s", config.peer_id, node.epoch, config.address,
+            " (TLS)" if tls is not None else "",
+        )  # fmt: skip
         async with asyncio.TaskGroup() as group:
+            if tls is not None and config.tls is not None:
+                group.create_task(CertificateReloader(tls, config.tls).run())
             background = group.create_task(node.run())
             stopped = group.create_task(stop.wait())
             left = group.create_task(node.left.wait())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -28,6 +29,7 @@ from yarl import URL
 from ring import api
 from ring.auth import ANY_TARGET, BodyDigest, Signer, digest_of
 from ring.errors import AuthError, PeerRejected, PeerUnavailable, ProtocolError
+from ring.tls import describe_tls_error
 
 __all__ = ["BodyStream", "Response", "Timeouts", "Transport"]
 
@@ -155,8 +157,12 @@ class Transport:
         timeouts: Timeouts = Timeouts(),
         connections_per_peer_max: int = CONNECTIONS_PER_PEER_MAX,
         clock: Callable[[], float] = time.time,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._signer = Signer(secret, clock)
+        # HTTPS with this context (the cluster's CA; ``ring.tls``), else plain HTTP.
+        self._tls = tls
+        self._scheme = "https" if tls is not None else "http"
         self._timeouts = timeouts
         self._connections_per_peer_max = connections_per_peer_max
         self._session: aiohttp.ClientSession | None = None
@@ -172,6 +178,15 @@ class Transport:
 
     def _unreachable(self, address: str, what: str, exc: BaseException) -> PeerUnavailable:
         reason = _reason(exc)
+        if self._tls is None and isinstance(exc, aiohttp.ServerDisconnectedError):
+            # What a peer serving HTTPS does to a plain-HTTP request.
+            reason += " before answering (if the ring serves HTTPS (TLS), set SR3_TLS_CA)"
+        elif self._tls is not None and reason == "connection reset by peer":
+            # What a peer does, under TLS 1.3, to a client certificate it refuses.
+            reason += (
+                " (TLS: a peer that requires client certificates does this to one it "
+                "refuses: is SR3_TLS_CERT from the cluster's CA?)"
+            )
         origin = self.describe_address(address)
         if origin is not None and _unresolved(exc):
             reason += f" ({address} is {origin})"
@@ -185,7 +200,9 @@ class Transport:
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(
-                limit=CONNECTIONS_MAX, limit_per_host=self._connections_per_peer_max
+                limit=CONNECTIONS_MAX,
+                limit_per_host=self._connections_per_peer_max,
+                ssl=self._tls if self._tls is not None else True,
             )
             timeout = aiohttp.ClientTimeout(
                 total=None,
@@ -223,7 +240,7 @@ class Transport:
         """
         target = ANY_TARGET if any_target else address
         headers = self._signer.headers(method, path_qs, body, target=target, digest=body_digest)
-        url = URL(f"http://{address}{path_qs}", encoded=True)
+        url = URL(f"{self._scheme}://{address}{path_qs}", encoded=True)
         # aiohttp sends a large bytes body in one write and warns (ResourceWarning) that
         # it may stall the loop; a large body is streamed in slices instead.
         data = _SlicedBody(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
@@ -298,7 +315,7 @@ class Transport:
         """
         what = f"{method} {path_qs[:60]}"
         headers = self._signer.headers(method, path_qs, body, target=address)
-        url = URL(f"http://{address}{path_qs}", encoded=True)
+        url = URL(f"{self._scheme}://{address}{path_qs}", encoded=True)
         data = _SlicedBody(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
         with self._counted(address):  # it shares the peer's egress with downloads
             try:
@@ -351,6 +368,8 @@ def _reason(exc: BaseException) -> str:
     "cannot resolve peer1"), not aiohttp's repr of its connection key."""
     if isinstance(exc, TimeoutError):
         return "timed out"
+    if (tls := describe_tls_error(exc)) is not None:
+        return tls
     if isinstance(exc, aiohttp.ClientConnectorError):
         cause = exc.os_error
         if isinstance(cause, TimeoutError):

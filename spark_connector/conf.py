@@ -14,11 +14,13 @@ as ``--conf`` flags.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ring.auth import is_credential, parse_credential, scoped_credential
 from ring.client.view import parse_seeds
-from ring.config import resolve
+from ring.config import resolve, resolve_tls
 from ring.errors import ConfigError, ProtocolError
+from ring.tls import ClientTls
 from spark_connector.fs_checkpoints import fs_path_of
 from spark_connector.jar import JAR_CLASSES, fs_jar
 
@@ -35,10 +37,15 @@ def spark_conf(
     prefix: str = "spark/",
     *,
     expires_s: int = CREDENTIAL_S_DEFAULT,
+    tls: ClientTls | None = None,
 ) -> dict[str, str]:
     """Every conf a session needs for ``sr3://`` paths under ``prefix``. Ring and secret
     are found as for ``Client`` (arguments, ``SR3_RING``/``SR3_SECRET``, the cluster
-    file); given ``credential`` (``sr3 token scoped``), the secret is not needed."""
+    file); given ``credential`` (``sr3 token scoped``), the secret is not needed.
+
+    With TLS (``tls``, else ``SR3_TLS_*`` or the cluster file, as for ``Client``), the
+    conf carries the cluster's CA certificates and the client certificate and key
+    themselves (PEM), so that executors need no file: never the CA's key."""
     if not 0 < expires_s <= CREDENTIAL_S_MAX:
         raise ConfigError(f"a credential lives 1 s to {CREDENTIAL_S_MAX // 86400} days")
     if credential is not None:
@@ -48,7 +55,8 @@ def spark_conf(
             parse_credential(credential)
         except ProtocolError as exc:
             raise ConfigError(f"credential: {exc}") from exc
-        seeds = resolve(ring, "-" * 16, ring_hint="ring=").ring
+        settings = resolve(ring, "-" * 16, ring_hint="ring=")
+        seeds = settings.ring
     else:
         settings = resolve(ring, secret, ring_hint="ring=", secret_hint="secret=")
         seeds = settings.ring
@@ -57,7 +65,9 @@ def spark_conf(
             settings.secret, fs_path_of(prefix), expires_at=now + expires_s, issued_at=now
         )
     filesystem, abstract, manager = JAR_CLASSES
+    tls = tls if tls is not None else resolve_tls(settings.cluster)
     return {
+        **(_tls_conf(tls) if tls is not None else {}),
         "spark.jars": str(fs_jar()),
         "spark.hadoop.fs.sr3.impl": filesystem,
         "spark.hadoop.fs.AbstractFileSystem.sr3.impl": abstract,
@@ -67,3 +77,22 @@ def spark_conf(
         "spark.hadoop.fs.sr3.ring": ",".join(parse_seeds(seeds)),
         "spark.hadoop.fs.sr3.credential": credential,
     }
+
+
+def _tls_conf(tls: ClientTls) -> dict[str, str]:
+    """The Java FileSystem's TLS settings, the PEM texts themselves."""
+
+    def read(path: Path) -> str:
+        try:
+            text = path.read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {path} for the Spark conf: {exc}") from exc
+        if "PRIVATE KEY" in text and path == tls.ca_file:
+            raise ConfigError(f"{path} holds a private key: give the CA's certificate only")
+        return text
+
+    conf = {"spark.hadoop.fs.sr3.tls.ca": read(tls.ca_file)}
+    if tls.cert_file is not None and tls.key_file is not None:
+        conf["spark.hadoop.fs.sr3.tls.cert"] = read(tls.cert_file)
+        conf["spark.hadoop.fs.sr3.tls.key"] = read(tls.key_file)
+    return conf

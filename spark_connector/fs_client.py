@@ -16,9 +16,10 @@ from urllib.parse import quote
 
 from ring import api, fs_api
 from ring.client.view import parse_seeds
-from ring.config import resolve
+from ring.config import resolve, resolve_tls
 from ring.errors import NotFound, PeerRejected, PeerUnavailable, SR3Error
 from ring.fs_api import Stat
+from ring.tls import ClientTls, client_context
 from ring.transport import Response, Transport
 
 __all__ = ["FsClient", "FsRefused"]
@@ -51,11 +52,15 @@ class FsClient:
         secret: str | None = None,
         *,
         rounds: int = ROUNDS_DEFAULT,
+        tls: ClientTls | None = None,
     ) -> None:
         joined = ring if ring is None or isinstance(ring, str) else ",".join(ring)
         settings = resolve(joined, secret, ring_hint="ring=", secret_hint="secret=")
         self.seeds = parse_seeds(settings.ring)
-        self._transport = Transport(settings.secret)
+        # HTTPS as the ring's other clients find it (SR3_TLS_*, the cluster file).
+        tls = tls if tls is not None else resolve_tls(settings.cluster)
+        context = client_context(tls) if tls is not None else None
+        self._transport = Transport(settings.secret, tls=context)
         self._rounds = rounds
         self._next = 0
 

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from recovery.drill import DrillOptions, DrillReport, run_drill
-from ring.client import Client
-from ring.config import Settings
+from ring.client import Client, ClientOptions
+from ring.config import Settings, resolve_tls
 from sr3.local import LocalCluster
 from sr3.statedata import write_state_file
 
@@ -72,7 +72,9 @@ def drill_remote(settings: Settings, state_bytes: int, options: DrillOptions) ->
         write_state_file(state, state_bytes, options.seed)
 
         async def run() -> DrillReport:
-            async with Client(settings.ring, settings.secret) as client:
+            client_options = ClientOptions(tls=resolve_tls(settings.cluster))
+            ring, secret = settings.ring, settings.secret
+            async with Client(ring, secret, options=client_options) as client:
 
                 async def kill(victims: list[str]) -> None:
                     for peer_id in victims:

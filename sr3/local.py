@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from ring.auth import generate_secret
 from ring.config import ClusterFile, ClusterPeer, cluster_file_path
 from ring.errors import ConfigError, SR3Error
 from ring.placement import VNODES_DEFAULT
+from ring.tls import ClientTls, client_context
 
 __all__ = ["BASE_PORT_DEFAULT", "LocalCluster", "peer_command", "pick_port"]
 
@@ -65,7 +67,30 @@ def peer_command(cluster: ClusterFile, peer: ClusterPeer) -> list[str]:
     ]  # fmt: skip
     if peer.zone:
         command += ["--zone", peer.zone]
+    if cluster.tls_dir:
+        tls = Path(cluster.tls_dir)
+        command += [
+            "--tls-cert", str(tls / f"{peer.peer_id}.pem"),
+            "--tls-key", str(tls / f"{peer.peer_id}.key"),
+            "--tls-ca", str(tls / "ca.pem"), "--tls-client-certs",
+        ]  # fmt: skip
     return command
+
+
+def make_tls(folder: Path, peers: Sequence[ClusterPeer]) -> None:
+    """The TLS files of a local cluster in ``folder``: a CA, one certificate per peer
+    naming its address, and one for the local user's clients (client.pem)."""
+    from sr3.certs import init_ca, issue
+
+    init_ca(folder)
+    for peer in peers:
+        host = peer.address.rpartition(":")[0]
+        issue(folder, folder, peer.peer_id, [host, "localhost"])
+    issue(folder, folder, "client", ["localhost"])
+
+
+def _health_context(tls: ClientTls | None) -> ssl.SSLContext | None:
+    return client_context(tls) if tls is not None else None
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -85,12 +110,20 @@ def pick_port(hosts: Sequence[str], base_port: int) -> int:
     raise ConfigError(f"no free port in {base_port}..{base_port + PORT_TRIES_MAX} on {hosts[0]}..")
 
 
-def _healthy(address: str, members: int | None = None, *, settled: bool = False) -> bool:
+def _healthy(
+    address: str,
+    members: int | None = None,
+    *,
+    settled: bool = False,
+    tls: ssl.SSLContext | None = None,
+) -> bool:
     """True once the peer answers and has learned the member table (it is ready), and,
     given ``members``, once its table places that many members; with ``settled``, once
     no record waits on a catch-up from the rings before (``ring.settle``)."""
+    scheme = "https" if tls is not None else "http"
+    url = f"{scheme}://{address}{api.HEALTH.pattern}"
     try:
-        with urllib.request.urlopen(f"http://{address}{api.HEALTH.pattern}", timeout=0.5) as answer:
+        with urllib.request.urlopen(url, timeout=0.5, context=tls) as answer:
             health = json.loads(answer.read())
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -131,8 +164,11 @@ class LocalCluster:
         zones: int = 0,
         cluster_file: Path | None = None,
         peer_flags: Sequence[str] = (),
+        tls: bool = False,
     ) -> LocalCluster:
-        """Lay out (but do not start) a new cluster of ``peers`` peers under ``home``."""
+        """Lay out (but do not start) a new cluster of ``peers`` peers under ``home``;
+        with ``tls``, its CA and certificates too (``make_tls``): every peer then serves
+        HTTPS only and requires a client certificate from the cluster's CA."""
         if not 1 <= peers <= 250:
             raise ConfigError("a local cluster has 1 to 250 peers")
         if not 1 <= write_quorum <= replication:
@@ -149,9 +185,14 @@ class LocalCluster:
             )
             for index, host in enumerate(hosts, start=1)
         )
+        tls_dir = ""
+        if tls:
+            tls_dir = str(home / "tls")
+            make_tls(Path(tls_dir), members)
         cluster = ClusterFile(
             secret=generate_secret(), replication=replication, write_quorum=write_quorum,
             vnodes=vnodes, peers=members, home=str(home), peer_flags=tuple(peer_flags),
+            tls_dir=tls_dir,
         )  # fmt: skip
         return cls(cluster, cluster_file or cluster_file_path())
 
@@ -167,6 +208,14 @@ class LocalCluster:
     @property
     def secret(self) -> str:
         return self.cluster.secret
+
+    @property
+    def client_tls(self) -> ClientTls | None:
+        """What a client of this cluster connects with (None: plain HTTP)."""
+        if not self.cluster.tls_dir:
+            return None
+        folder = Path(self.cluster.tls_dir)
+        return ClientTls(folder / "ca.pem", folder / "client.pem", folder / "client.key")
 
     def peer(self, peer_id: str) -> ClusterPeer:
         for peer in self.cluster.peers:
@@ -247,9 +296,12 @@ class LocalCluster:
         with ``settled``, have no record catch-up pending)."""
         deadline = time.monotonic() + timeout_s
         waiting = [self.peer(peer_id) for peer_id in peer_ids]
+        tls = _health_context(self.client_tls)
         while waiting:
             waiting = [
-                peer for peer in waiting if not _healthy(peer.address, members, settled=settled)
+                peer
+                for peer in waiting
+                if not _healthy(peer.address, members, settled=settled, tls=tls)
             ]
             for peer in waiting:
                 process = self._processes.get(peer.peer_id)

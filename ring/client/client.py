@@ -48,8 +48,9 @@ from ring.client.options import (
 )
 from ring.client.records import RecordIO
 from ring.client.view import RingTracker, RingView, parse_seeds
-from ring.config import resolve
+from ring.config import ClusterFile, resolve, resolve_tls
 from ring.errors import ConfigError, NotFound, ProtocolError, RecordConflict, SR3Error
+from ring.tls import client_context
 from ring.transport import Transport
 
 __all__ = ["Client", "FileInfo"]
@@ -97,15 +98,18 @@ class Client:
         options: ClientOptions = ClientOptions(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        ring, secret = _resolve(ring, secret)
+        ring, secret, cluster = _resolve(ring, secret)
         if options.network is None and (network := os.environ.get(NETWORK_ENV, "").strip()):
             options = replace(options, network=network)
+        if options.tls is None:
+            options = replace(options, tls=resolve_tls(cluster))
         self.seeds = parse_seeds(ring)
         if len(secret) < SECRET_CHARS_MIN:
             raise ConfigError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
         self.options = options
         self._clock = clock
-        self._transport = Transport(secret, timeouts=options.timeouts)
+        tls = client_context(options.tls) if options.tls is not None else None
+        self._transport = Transport(secret, timeouts=options.timeouts, tls=tls)
         self.view = RingTracker(self.seeds, self._transport, options, clock)
         # Internal: unnamed chunks and blobs, for layers that name them in records of
         # their own (manifests, drills). See ``ChunkIO.put_sources``.
@@ -340,13 +344,14 @@ class Client:
 
 def _resolve(
     ring: str | Sequence[str] | None, secret: str | None
-) -> tuple[str | Sequence[str], str]:
-    """``ring`` and ``secret`` as given, the missing ones found as the CLI finds them."""
+) -> tuple[str | Sequence[str], str, ClusterFile | None]:
+    """``ring`` and ``secret`` as given, the missing ones found as the CLI finds them,
+    and the cluster file they came from, if any."""
     if ring is not None and secret:
-        return ring, secret
+        return ring, secret, None
     given = ring if ring is None or isinstance(ring, str) else ",".join(ring)
     settings = resolve(given, secret or None, ring_hint="ring=", secret_hint="secret=")
-    return (ring if ring is not None else settings.ring), settings.secret
+    return (ring if ring is not None else settings.ring), settings.secret, settings.cluster
 
 
 def _check_key(key: str) -> None:

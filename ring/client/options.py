@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ring.blobs import CHUNK_BYTES_DEFAULT, PACK_BELOW_BYTES_DEFAULT
 from ring.errors import SR3Error
+from ring.tls import ClientTls
 from ring.transport import Timeouts
 
 __all__ = [
@@ -70,6 +71,9 @@ class ClientOptions:
     # address per network, ``sr3 peer --advertise-networks``; "internal" is the peers'
     # own). None: the network of the address a seed was reached at.
     network: str | None = None
+    # HTTPS with the cluster's CA (and a client certificate, when peers require one);
+    # None: from SR3_TLS_CA/SR3_TLS_CERT/SR3_TLS_KEY or the cluster file, else plain.
+    tls: ClientTls | None = None
 
 
 @dataclass(frozen=True, slots=True)

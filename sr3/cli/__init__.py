@@ -50,6 +50,7 @@ _COMMANDS = {
     "rm": "sr3.cli.data:rm",
     "spark": "sr3.cli.spark:spark",
     "status": "sr3.cli.data:status",
+    "tls": "sr3.cli.tls:tls",
     "token": "sr3.cli.data:token",
 }
 

@@ -18,14 +18,24 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
 from rich.text import Text
 
-from ring.config import ClusterFile, Settings, cluster_file_path, parse_size, resolve
+from ring.config import (
+    ClusterFile,
+    Settings,
+    cluster_file_path,
+    parse_size,
+    resolve,
+    resolve_tls,
+)
 from ring.errors import PeerUnavailable, SR3Error
+
+if TYPE_CHECKING:
+    from ring.client import Client, ClientOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 stderr = Console(stderr=True)
@@ -198,6 +208,21 @@ def ring_options(function: F) -> F:
 def ring_settings(ring: str | None, secret_file: Path | None) -> Settings:
     secret = secret_file.read_text().strip() if secret_file else None
     return resolve(ring, secret)
+
+
+def client_options(settings: Settings) -> ClientOptions:
+    """A command's client options: TLS as ``Client`` finds it (``SR3_TLS_*``), or from
+    the cluster file the ring came from (``sr3 cluster up --tls``)."""
+    from ring.client import ClientOptions  # not at import: ``sr3 peer`` loads no client
+
+    return ClientOptions(tls=resolve_tls(settings.cluster))
+
+
+def open_client(settings: Settings) -> Client:
+    """A client of the ring a command was given (``ring_settings``), with its TLS."""
+    from ring.client import Client
+
+    return Client(settings.ring, settings.secret, options=client_options(settings))
 
 
 def parse_rate(text: str) -> float:

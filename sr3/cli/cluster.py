@@ -37,11 +37,16 @@ def cluster() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder for peer data (default: $SR3_HOME/cluster).",
 )
+@click.option(
+    "--tls", is_flag=True,
+    help="HTTPS on every hop: a CA and certificates under the cluster's home (tls/); peers "
+    "require client certificates, and clients using the cluster file present client.pem.",
+)  # fmt: skip
 @fail_cleanly
 def cluster_up(
     peers: int, replication: int, write_quorum: int, zones: int, base_port: int,
     failure_timeout: float | None, removal_grace: float | None, repair_interval: float | None,
-    home: Path | None,
+    home: Path | None, tls: bool,
 ) -> None:  # fmt: skip
     """Start N peers and write the cluster file other commands use."""
     flags: list[str] = []
@@ -58,10 +63,13 @@ def cluster_up(
     local = LocalCluster.create(
         (home or sr3_home() / "cluster").resolve(), peers, replication=replication,
         write_quorum=write_quorum, base_port=base_port, zones=zones, cluster_file=path,
-        peer_flags=flags,
+        peer_flags=flags, tls=tls,
     )  # fmt: skip
     local.up()
-    click.echo(f"{peers} peers up (R={replication}, W={write_quorum}); cluster file {path}")
+    secured = f", TLS (CA {local.cluster.tls_dir}/ca.pem)" if tls else ""
+    click.echo(
+        f"{peers} peers up (R={replication}, W={write_quorum}{secured}); cluster file {path}"
+    )
     for member in local.cluster.peers:
         click.echo(f"  {member.peer_id}  {member.address}  pid {member.pid}")
 

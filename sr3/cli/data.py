@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ring.auth import metrics_token, scoped_credential
-from ring.client import Client, RingStatus
+from ring.client import RingStatus
 from ring.client.client import FileInfo
 from ring.config import ClusterFile, Settings, cluster_file_path
 from ring.errors import NotFound, ProtocolError, SR3Error
@@ -41,6 +41,7 @@ from sr3.cli._shared import (
     fail,
     fail_cleanly,
     human_size,
+    open_client,
     ring_options,
     ring_settings,
     stderr,
@@ -74,7 +75,7 @@ def _local_pids(settings: Settings) -> dict[str, int | None]:
 
 
 async def _status(settings: Settings) -> RingStatus:
-    async with Client(settings.ring, settings.secret) as client:
+    async with open_client(settings) as client:
         return await client.status()
 
 
@@ -277,7 +278,7 @@ def put(file: Path, key: str | None, ring: str | None, secret_file: Path | None)
     size = file.stat().st_size
 
     async def run() -> None:
-        async with Client(settings.ring, settings.secret) as client:
+        async with open_client(settings) as client:
             with _progress(size, "put") as progress:
                 await client.put_file(file, name, progress=progress)
 
@@ -326,7 +327,7 @@ def get(key: str, output: Path, ring: str | None, secret_file: Path | None) -> N
     settings = ring_settings(ring, secret_file)
 
     async def run() -> int:
-        async with Client(settings.ring, settings.secret) as client:
+        async with open_client(settings) as client:
             info = await client.file_info(key)
             check_target(output, info.size)
             with _progress(info.size, "get") as progress:
@@ -353,7 +354,7 @@ def ls(prefix: str, as_json: bool, ring: str | None, secret_file: Path | None) -
     settings = ring_settings(ring, secret_file)
 
     async def run() -> list[FileInfo]:
-        async with Client(settings.ring, settings.secret) as client:
+        async with open_client(settings) as client:
             return list((await client.list_files(prefix, limit=LIST_FILES_MAX)).values())
 
     files = asyncio.run(run())
@@ -390,7 +391,7 @@ def rm(keys: tuple[str, ...], ring: str | None, secret_file: Path | None) -> Non
 
 async def _remove_files(settings: Settings, keys: tuple[str, ...]) -> dict[str, bool]:
     outcomes: dict[str, bool] = {}
-    async with Client(settings.ring, settings.secret) as client:
+    async with open_client(settings) as client:
         for key in dict.fromkeys(keys):
             try:
                 await client.delete_file(key)

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import click
 
+from ring.config import resolve_tls
 from ring.errors import SR3Error
 from ring.fs_api import Stat
 from spark_connector.fs_checkpoints import copy_to_local, fs_path_of
@@ -46,12 +47,14 @@ def _run(
     if credential:
         settings_ring = ring or os.environ.get("SR3_RING")
         key = credential
+        tls = resolve_tls(None)
     else:
         settings = ring_settings(ring, secret_file)
         settings_ring, key = settings.ring, settings.secret
+        tls = resolve_tls(settings.cluster)
 
     async def go() -> T:
-        async with FsClient(settings_ring, key) as client:
+        async with FsClient(settings_ring, key, tls=tls) as client:
             return await action(client)
 
     return asyncio.run(go())

@@ -18,7 +18,14 @@ from ring.cluster import check_networks
 from ring.config import parse_size
 from ring.errors import ConfigError, ProtocolError
 from ring.placement import VNODES_DEFAULT
-from sr3.cli._shared import fail_cleanly, parse_rate, ring_options, ring_settings
+from ring.tls import ServerTls
+from sr3.cli._shared import (
+    fail_cleanly,
+    open_client,
+    parse_rate,
+    ring_options,
+    ring_settings,
+)
 
 
 def _seeds(text: str) -> tuple[str, ...]:
@@ -115,6 +122,38 @@ def _seeds(text: str) -> tuple[str, ...]:
     "--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="File holding the cluster secret (else SR3_SECRET).",
 )  # fmt: skip
+@click.option(
+    "--tls-cert",
+    envvar="SR3_TLS_CERT",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="This peer's certificate chain (PEM, from `sr3 tls issue`): serve HTTPS.",
+)
+@click.option(
+    "--tls-key",
+    envvar="SR3_TLS_KEY",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The key of --tls-cert (PEM).",
+)
+@click.option(
+    "--tls-ca",
+    envvar="SR3_TLS_CA",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The cluster's CA bundle (PEM): trusted for other peers and client certificates.",
+)
+@click.option(
+    "--tls-client-certs/--no-tls-client-certs",
+    envvar="SR3_TLS_CLIENT_CERTS",
+    default=False,
+    help="Require a client certificate from the cluster's CA on every connection.",
+)
+@click.option(
+    "--tls-check-interval",
+    envvar="SR3_TLS_CHECK_INTERVAL",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 86400),
+    help="Seconds between looks for a renewed --tls-cert.",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 @click.pass_context
 @fail_cleanly
@@ -125,7 +164,9 @@ def peer(
     removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
     scrub_rate: str, scrub_interval: float, gc_interval: float, gc_grace: float,
     tombstone_ttl: float, overlay: bool, direct_io: bool, rng_seed: int | None, egress_rate: str,
-    added_latency_ms: float, admin_kill: bool, secret_file: Path | None, log_level: str,
+    added_latency_ms: float, admin_kill: bool, secret_file: Path | None, tls_cert: Path | None,
+    tls_key: Path | None, tls_ca: Path | None, tls_client_certs: bool,
+    tls_check_interval: float, log_level: str,
 ) -> None:  # fmt: skip
     """Run one storage peer in the foreground until SIGTERM or Ctrl-C (`sr3 peer leave`
     makes a peer leave the ring for good).
@@ -168,9 +209,27 @@ def peer(
         tombstone_ttl_s=tombstone_ttl, overlay=overlay, direct_io=direct_io, rng_seed=rng_seed,
         egress_rate_bytes_s=parse_rate(egress_rate), added_latency_ms=added_latency_ms,
         admin_kill=admin_kill,
+        tls=_tls(tls_cert, tls_key, tls_ca, tls_client_certs, tls_check_interval),
     )  # fmt: skip
     # ring/ does not import recovery/: the relay's route is wired in here.
     run_peer(config, extensions=(install_recovery_relay, install_file_namespace))
+
+
+def _tls(
+    cert: Path | None, key: Path | None, ca: Path | None, client_certs: bool, interval_s: float
+) -> ServerTls | None:
+    """The peer's TLS from its flags: all three files, or none of them."""
+    named = (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca))
+    given = [flag for flag, value in named if value]
+    if not given:
+        if client_certs:
+            raise ConfigError("--tls-client-certs needs --tls-cert, --tls-key and --tls-ca")
+        return None
+    if cert is None or key is None or ca is None:
+        raise ConfigError(
+            f"TLS needs --tls-cert, --tls-key and --tls-ca; only {', '.join(given)} given"
+        )
+    return ServerTls(cert, key, ca, client_certs, interval_s)
 
 
 def _networks(text: str) -> tuple[tuple[str, str], ...]:
@@ -200,13 +259,12 @@ def peer_leave(
 
     Waits until every chunk and record it held is on R peers without it, then says how
     much it handed over."""
-    from ring.client import Client
     from ring.client.admin import LeaveReport, leave_summary
 
     settings = ring_settings(ring, secret_file)
 
     async def run() -> LeaveReport | None:
-        async with Client(settings.ring, settings.secret) as client:
+        async with open_client(settings) as client:
             return await client.admin.leave(peer_id, wait=wait, timeout_s=timeout_s)
 
     report = asyncio.run(run())

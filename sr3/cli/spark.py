@@ -12,9 +12,17 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ring.config import resolve_tls
 from ring.errors import SR3Error
 from ring.sync_client import SyncClient
-from sr3.cli._shared import describe_error, fail, fail_cleanly, ring_options, ring_settings
+from sr3.cli._shared import (
+    client_options,
+    describe_error,
+    fail,
+    fail_cleanly,
+    ring_options,
+    ring_settings,
+)
 
 if TYPE_CHECKING:
     from spark_connector.fs_checkpoints import FsCheckpoint
@@ -43,11 +51,13 @@ def spark_list(
     from spark_connector.sync import ring_queries
 
     settings = ring_settings(ring, secret_file)
-    with SyncClient(settings.ring, settings.secret) as client:
+    with SyncClient(settings.ring, settings.secret, options=client_options(settings)) as client:
         queries = ring_queries(client, query)
 
     async def checkpoints() -> list[FsCheckpoint]:
-        async with FsClient(settings.ring, settings.secret) as fs:
+        async with FsClient(
+            settings.ring, settings.secret, tls=resolve_tls(settings.cluster)
+        ) as fs:
             return await find_checkpoints(fs, fs_root)
 
     found = [] if query else asyncio.run(checkpoints())
@@ -165,7 +175,7 @@ def spark_forget(
         fail("name --query and --keep (or --checkpoint for an sr3:// checkpoint)")
     left: dict[int, SR3Error] = {}
     deleted: list[int] = []
-    with SyncClient(settings.ring, settings.secret) as client:
+    with SyncClient(settings.ring, settings.secret, options=client_options(settings)) as client:
         batches = query_batches(client, check_query_name(query))
         unseen = _unreachable_members(client)
         if not batches:

@@ -417,7 +417,16 @@ public final class ContractCheck {
       System.exit(2);
     }
     Configuration conf = new Configuration(false);
-    String[] keys = {"fs.sr3.ring", "fs.sr3.credential", "fs.sr3.secret", "fs.sr3.seeds.shuffle"};
+    String[] keys = {
+      "fs.sr3.ring",
+      "fs.sr3.credential",
+      "fs.sr3.secret",
+      "fs.sr3.seeds.shuffle",
+      Tls.CONF_CA,
+      Tls.CONF_CERT,
+      Tls.CONF_KEY,
+      "fs.sr3.retries"
+    };
     for (String key : keys) {
       String value = System.getProperty(key);
       if (value != null) {

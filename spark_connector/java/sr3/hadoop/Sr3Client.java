@@ -82,6 +82,8 @@ final class Sr3Client implements Closeable {
   private final List<String> seeds;
   private final Signer signer;
   private final HttpClient http;
+  /** "https" when fs.sr3.tls.ca is set, else "http". */
+  private final String scheme;
   private final Duration timeout;
   private final int retries;
   private volatile int next;
@@ -111,13 +113,29 @@ final class Sr3Client implements Closeable {
     }
     timeout = Duration.ofMillis(bounded(conf, CONF_TIMEOUT_MS, TIMEOUT_MS_DEFAULT, 600_000));
     retries = (int) bounded(conf, CONF_RETRIES, RETRIES_DEFAULT, RETRIES_MAX);
-    http =
+    HttpClient.Builder builder =
         HttpClient.newBuilder()
             .connectTimeout(
                 Duration.ofMillis(
                     bounded(conf, CONF_CONNECT_TIMEOUT_MS, CONNECT_TIMEOUT_MS_DEFAULT, 120_000)))
-            .version(HttpClient.Version.HTTP_1_1)
-            .build();
+            .version(HttpClient.Version.HTTP_1_1);
+    String ca = conf.getTrimmed(Tls.CONF_CA, "");
+    String cert = conf.getTrimmed(Tls.CONF_CERT, "");
+    String key = conf.getTrimmed(Tls.CONF_KEY, "");
+    if (ca.isEmpty()) {
+      if (!cert.isEmpty() || !key.isEmpty()) {
+        throw new IOException("sr3: a client certificate needs " + Tls.CONF_CA + " too");
+      }
+      scheme = "http";
+    } else {
+      scheme = "https";
+      builder.sslContext(
+          Tls.context(
+              Tls.pem(Tls.CONF_CA, ca),
+              cert.isEmpty() ? "" : Tls.pem(Tls.CONF_CERT, cert),
+              key.isEmpty() ? "" : Tls.pem(Tls.CONF_KEY, key)));
+    }
+    http = builder.build();
     next = conf.getBoolean(CONF_SEEDS_SHUFFLE, true) ? RANDOM.nextInt(seeds.size()) : 0;
   }
 
@@ -206,13 +224,45 @@ final class Sr3Client implements Closeable {
       }
     }
     throw new IOException(
-        "sr3: no peer answered " + method + " " + pathQs + " after " + attempts + " attempts",
+        "sr3: no peer answered "
+            + method
+            + " "
+            + pathQs
+            + " after "
+            + attempts
+            + " attempts"
+            + (last != null ? ": " + describe(last) + plainHint(last) : ""),
         last);
+  }
+
+  /** What a peer serving HTTPS does to a plain-HTTP request: close without a byte. */
+  private String plainHint(IOException error) {
+    String message = String.valueOf(error.getMessage());
+    boolean silent = message.contains("received no bytes") || message.contains("reset");
+    return scheme.equals("http") && silent
+        ? " (if the ring serves HTTPS (TLS), set " + Tls.CONF_CA + ")"
+        : "";
+  }
+
+  /** One line for why a seed could not be used (a TLS refusal names what was wrong). */
+  static String describe(IOException error) {
+    Throwable cause = error;
+    while (cause != null) {
+      if (cause instanceof javax.net.ssl.SSLException) {
+        String message = cause.getMessage() != null ? cause.getMessage() : cause.toString();
+        if (message.contains("Unsupported or unrecognized SSL message")) {
+          return "TLS: the peer does not speak TLS (is it serving plain HTTP?)";
+        }
+        return "TLS: " + message;
+      }
+      cause = cause.getCause();
+    }
+    return error.getMessage() != null ? error.getMessage() : error.toString();
   }
 
   private Answer once(String seed, String method, String pathQs, Body body) throws IOException {
     HttpRequest.Builder request =
-        HttpRequest.newBuilder(URI.create("http://" + seed + pathQs))
+        HttpRequest.newBuilder(URI.create(scheme + "://" + seed + pathQs))
             .timeout(timeout)
             .method(method, body.publisher());
     for (Map.Entry<String, String> header :
