@@ -49,7 +49,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -70,6 +70,8 @@ SEED = 20_240_601
 MB = 1_000_000
 TARGET_WRITE_RATIO = 0.6
 TARGET_READ_RATIO = 0.9
+# TLS on every hop against the same without (issue 27): write and read.
+TARGET_TLS_RATIO = 0.8
 HASH_BLOCK_BYTES = 8 * 1024 * 1024
 SERVER_START_TIMEOUT_S = 30.0
 SERVER_STOP_TIMEOUT_S = 10.0
@@ -332,7 +334,8 @@ def measure_baseline(setup: Setup, repeat: int) -> Trial:
 
 async def sr3_round(setup: Setup, cluster: LocalCluster, out_path: Path) -> Trial:
     peer_pids = [peer.pid for peer in cluster.cluster.peers if peer.pid is not None]
-    async with Client(cluster.ring, cluster.secret, options=setup.options) as client:
+    options = replace(setup.options, tls=cluster.client_tls)
+    async with Client(cluster.ring, cluster.secret, options=options) as client:
         await client.ring()
         # The chunk layer alone (no naming record), as the baseline stores bare files.
         ref, write = await timed(client.chunks.put_file(setup.path), peer_pids, setup.settle_s)
@@ -351,8 +354,10 @@ async def sr3_round(setup: Setup, cluster: LocalCluster, out_path: Path) -> Tria
     )
 
 
-def measure_sr3(setup: Setup, repeat: int) -> Trial:
-    home = setup.work / f"cluster-{repeat}"
+def measure_sr3(setup: Setup, repeat: int, *, tls: bool = False) -> Trial:
+    """One sr3 round on a fresh cluster; with ``tls``, HTTPS on every hop and client
+    certificates required (``sr3 cluster up --tls``)."""
+    home = setup.work / f"cluster-{repeat}{'-tls' if tls else ''}"
     out_path = setup.work / "sr3.out"
     cluster = LocalCluster.create(
         home,
@@ -360,6 +365,7 @@ def measure_sr3(setup: Setup, repeat: int) -> Trial:
         replication=REPLICATION,
         write_quorum=WRITE_QUORUM,
         cluster_file=home / "cluster.json",
+        tls=tls,
     )
     try:
         cluster.up()
@@ -496,6 +502,27 @@ def describe(size_bytes: int, trial: Trial) -> str:
     )
 
 
+def tls_report(size_bytes: int, plain: list[Trial], secured: list[Trial]) -> dict[str, Any]:
+    """sr3 with TLS on every hop against sr3 without, each repeat on fresh clusters
+    measured back to back: per-repeat ratios (TLS / plain MB/s), median and range."""
+    ratios: dict[str, dict[str, float]] = {}
+    for op in OPERATIONS:
+        each = [
+            (size_bytes / getattr(tls_trial, op).seconds)
+            / (size_bytes / getattr(plain_trial, op).seconds)
+            for plain_trial, tls_trial in zip(plain, secured, strict=True)
+        ]
+        ratios[op] = {
+            "median": statistics.median(each), "min": min(each), "max": max(each),
+        }  # fmt: skip
+    return {
+        "sr3_tls": summary(size_bytes, secured),
+        "ratio_tls_plain": ratios,
+        "target_ratio": TARGET_TLS_RATIO,
+        "runs": [asdict(trial) for trial in secured],
+    }
+
+
 def write_report(report: dict[str, Any], out: Path) -> None:
     """Write atomically so a reader never sees half a file."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -505,11 +532,19 @@ def write_report(report: dict[str, Any], out: Path) -> None:
 
 
 def run(
-    size_bytes: int, peers: int, repeat: int, settle_s: float, out: Path, log: Callable[[str], None]
+    size_bytes: int,
+    peers: int,
+    repeat: int,
+    settle_s: float,
+    out: Path,
+    log: Callable[[str], None],
+    *,
+    compare_tls: bool = False,
 ) -> None:
     options = ClientOptions()
     base: list[Trial] = []
     ours: list[Trial] = []
+    secured: list[Trial] = []
     load_average = os.getloadavg()[0]
     if load_average > 1.0:
         log(f"warning: load average {load_average:.2f} before the run; figures will be noisy")
@@ -524,8 +559,13 @@ def run(
             log(f"baseline {index + 1}/{repeat}: {describe(size_bytes, base[-1])}")
             ours.append(measure_sr3(setup, index))
             log(f"sr3      {index + 1}/{repeat}: {describe(size_bytes, ours[-1])}")
+            if compare_tls:
+                secured.append(measure_sr3(setup, index, tls=True))
+                log(f"sr3 tls  {index + 1}/{repeat}: {describe(size_bytes, secured[-1])}")
     report = build_report(size_bytes, setup, base, ours)
     report["load_average_1m_before"] = load_average
+    if compare_tls:
+        report["tls"] = tls_report(size_bytes, ours, secured)
     print_report(report)
     write_report(report, out)
     print(f"\nwrote {out}")
@@ -544,6 +584,12 @@ def main(argv: list[str] | None = None) -> int:
         help="idle seconds before each timed phase (see timed())",
     )
     parser.add_argument(
+        "--compare-tls",
+        action="store_true",
+        help="also measure sr3 with TLS on every hop (client certificates required) after "
+        "each plain round, and report TLS / plain",
+    )
+    parser.add_argument(
         "--baseline-server", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
@@ -560,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         args.settle_s,
         args.out,
         lambda line: print(line, flush=True),
+        compare_tls=args.compare_tls,
     )
     return 0
 
