@@ -154,13 +154,18 @@ def _san(text: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(text))
     except ValueError:
         pass
+    # A wildcard stands for one leftmost label (a StatefulSet's pods:
+    # *.sr3-peers.<namespace>.svc.cluster.local).
+    name = text[2:] if text.startswith("*.") else text
+    labels = name.split(".")
     if (
-        not text
+        not name
         or len(text) > 253
         or not all(
             part and len(part) <= 63 and part.replace("-", "").replace("_", "").isalnum()
-            for part in text.split(".")
+            for part in labels
         )
+        or (name != text and len(labels) < 2)
     ):
         raise ConfigError(f"{text!r} is neither an IP address nor a host name")
     return x509.DNSName(text)

@@ -322,3 +322,36 @@ def small_disk(mount_point: Path, size_bytes: int) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def names_apart_unavailable() -> str | None:
+    """Why peers cannot run each in a mount namespace with an ``/etc/hosts`` of its own
+    (names that resolve for them and not for the test), or None."""
+    if os.geteuid() != 0:
+        return "mount namespaces need root"
+    if shutil.which("unshare") is None:
+        return "`unshare` (util-linux) is missing"
+    probe = subprocess.run(
+        ["unshare", "-m", "--", "sh", "-c", "mount --bind /etc/hosts /etc/hosts"],
+        capture_output=True, text=True, timeout=10, check=False,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        return f"cannot bind-mount in a mount namespace: {probe.stderr.strip()[:200]}"
+    return None
+
+
+def require_names_apart() -> None:
+    """Skip when peers cannot run with names of their own; fail instead under
+    ``SR3_REQUIRE_NETLAB=1`` (CI, as root)."""
+    reason = names_apart_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("SR3_REQUIRE_NETLAB", "").strip() == "1":
+        pytest.fail(f"SR3_REQUIRE_NETLAB=1 but peers cannot run with names apart: {reason}")
+    pytest.skip(f"peers cannot run with names apart: {reason}")
+
+
+def in_own_hosts(hosts_file: Path, command: list[str]) -> list[str]:
+    """``command`` run in a mount namespace whose ``/etc/hosts`` is ``hosts_file``."""
+    script = f'mount --bind "{hosts_file}" /etc/hosts && exec "$@"'
+    return ["unshare", "-m", "--", "sh", "-c", script, "sh", *command]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from netlab import REQUIRE_NETLAB_ENV
-from support import HttpProbe, next_base_port
+from support import HttpProbe, in_own_hosts, next_base_port, require_names_apart
 
 from ring.auth import generate_secret
 from ring.client import Client, ClientOptions
@@ -37,28 +35,9 @@ WAIT_S = 40.0
 DOMAIN = "sr3.test"
 
 
-def _unshare_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "mount namespaces need root"
-    if shutil.which("unshare") is None:
-        return "`unshare` (util-linux) is missing"
-    probe = subprocess.run(
-        ["unshare", "-m", "--", "sh", "-c", "mount --bind /etc/hosts /etc/hosts"],
-        capture_output=True, text=True, timeout=10, check=False,
-    )  # fmt: skip
-    if probe.returncode != 0:
-        return f"cannot bind-mount in a mount namespace: {probe.stderr.strip()[:200]}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def names_apart() -> None:
-    reason = _unshare_unavailable()
-    if reason is None:
-        return
-    if os.environ.get(REQUIRE_NETLAB_ENV, "").strip() == "1":
-        pytest.fail(f"{REQUIRE_NETLAB_ENV}=1 but peers cannot run with names apart: {reason}")
-    pytest.skip(f"peers cannot run with names apart: {reason}")
+    require_names_apart()
 
 
 @dataclass(frozen=True)
@@ -92,12 +71,11 @@ def named_ring(names_apart: None, tmp_path: Path) -> Iterator[NamedRing]:
             "--data", str(data), "--seeds", "" if index == 1 else f"{names[0]}:{port}",
             "--replication", "3", "--write-quorum", "2", "--scrub-rate", "0",
         ]  # fmt: skip
-        script = f'mount --bind "{hosts_file}" /etc/hosts && exec "$@"'
         log = data / "peer.log"
         logs.append(log)
         with open(log, "ab") as handle:
             process = subprocess.Popen(
-                ["unshare", "-m", "--", "sh", "-c", script, "sh", *command],
+                in_own_hosts(hosts_file, command),
                 stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
                 env={**os.environ, "SR3_SECRET": secret}, start_new_session=True,
             )  # fmt: skip
