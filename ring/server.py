@@ -97,13 +97,13 @@ async def serve(
             " (TLS)" if tls is not None else "",
         )  # fmt: skip
         async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(node.run())]
             if tls is not None and config.tls is not None:
-                group.create_task(CertificateReloader(tls, config.tls).run())
-            background = group.create_task(node.run())
+                tasks.append(group.create_task(CertificateReloader(tls, config.tls).run()))
             stopped = group.create_task(stop.wait())
             left = group.create_task(node.left.wait())
             await asyncio.wait({stopped, left}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (background, stopped, left):
+            for task in (*tasks, stopped, left):
                 task.cancel()
         log.info("peer %s stopping", config.peer_id)
         await node.stop()

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support import in_own_hosts, require_names_apart
 
 from ring.client import Client
 from sr3.local import pick_port
@@ -41,18 +43,29 @@ def _entrypoint() -> list[str]:
     raise AssertionError("Dockerfile has no ENTRYPOINT")
 
 
-def test_compose_file_describes_a_ring_of_at_least_five_peers() -> None:
+def _peers() -> dict[str, Any]:
+    """The peer services (the others make what they need, like the TLS files)."""
     services = _compose()["services"]
-    assert len(services) >= 5
+    return {name: s for name, s in services.items() if "SR3_PEER_ID" in s.get("environment", {})}
+
+
+def test_compose_file_describes_a_ring_of_at_least_five_peers_over_tls() -> None:
+    services = _compose()["services"]
+    peers = _peers()
+    assert len(peers) >= 5
     volumes = set()
     founders = 0
-    for name, service in services.items():
+    for name, service in peers.items():
         environment = service["environment"]
         assert {"SR3_PEER_ID", "SR3_LISTEN", "SR3_DATA", "SR3_SEEDS"} <= set(environment), name
         assert service["restart"] == "unless-stopped", name
         assert "healthcheck" in service, name
         assert service["env_file"] == ".env", name
-        volumes.update(volume.split(":")[0] for volume in service["volumes"])
+        volumes.update(volume.split(":")[0] for volume in service["volumes"] if "-data" in volume)
+        assert "./tls:/tls:ro" in service["volumes"], name
+        assert {"SR3_TLS_CERT", "SR3_TLS_KEY", "SR3_TLS_CA"} <= set(environment), name
+        assert service["depends_on"]["tls"]["condition"] == "service_completed_successfully"
+        assert "https://" in " ".join(service["healthcheck"]["test"]), name
         seeds = [seed for seed in environment["SR3_SEEDS"].split(",") if seed]
         assert all(seed.split(":")[0] in services for seed in seeds), "seeds are services"
         founders += not seeds
@@ -61,56 +74,97 @@ def test_compose_file_describes_a_ring_of_at_least_five_peers() -> None:
         networks = _interpolate(environment["SR3_ADVERTISE_NETWORKS"])
         assert networks == f"external={host_port}", name
         assert host_port.startswith("127.0.0.1:"), "published on loopback by default"
+        # The certificate names the service and the published address.
+        assert f"--san {name}" in services["tls"]["command"][0], name
     assert founders == 1, "exactly one peer founds the ring (no seeds)"
-    assert len(volumes) == len(services), "every peer needs a data volume of its own"
+    assert len(volumes) == len(peers), "every peer needs a data volume of its own"
     assert _entrypoint() == ["sr3", "peer"]
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".env", "tls"} <= set(ignored), "the secret and the CA stay out of images"
+
+
+def _make_tls(folder: Path) -> None:
+    """The tls service's own script, with ./tls at ``folder`` (and its chown only as
+    root: the test's peers run as this user)."""
+    script = _interpolate(_compose()["services"]["tls"]["command"][0]).replace("/tls", str(folder))
+    if os.geteuid() != 0:
+        script = script.replace("chown ", "true ")
+    bin_dir = str(Path(sys.executable).parent)
+    done = subprocess.run(
+        ["sh", "-c", script], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder.mkdir(exist_ok=True)
 
 
 def test_every_service_command_line_runs_a_real_peer(tmp_path: Path) -> None:
-    services = _compose()["services"]
-    hosts = {name: f"127.0.0.{index}" for index, name in enumerate(sorted(services), start=1)}
-    port = pick_port(list(hosts.values()), 7600)
+    """Every peer service's environment and entrypoint, run as a real process in a mount
+    namespace whose /etc/hosts resolves the service names (as the compose network's DNS
+    does), with the TLS files the tls service's own script makes: they form a ring over
+    HTTPS, each passes the service's health check command, and ``sr3 put`` and ``get``
+    from a namespace with the same names round-trip a file."""
+    require_names_apart()
+    services = _peers()
+    ips = {name: f"127.0.0.{index}" for index, name in enumerate(sorted(services), start=1)}
+    port = pick_port(list(ips.values()), 7600)
     secret = "compose-test-secret-0123456789"
-
-    # Each service's published port, as the host reaches it (its 'external' address).
-    published = {
-        name: ":".join(_interpolate(service["ports"][0]).split(":")[:2])
-        for name, service in services.items()
-    }
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    _make_tls(tls)
+    hosts_file = tmp_path / "hosts"
+    names = [f"{ip} {name}" for name, ip in ips.items()]
+    hosts_file.write_text(Path("/etc/hosts").read_text() + "\n".join(names) + "\n")
 
     def local(text: str) -> str:
-        text = _interpolate(text)
-        for name, host in hosts.items():
-            text = text.replace(f"{name}:7401", f"{host}:{port}")
-            text = text.replace(published[name], f"{host}:{port}")
-        return text
+        """Paths as the volume mounts put them, the one port every service listens on."""
+        return _interpolate(text).replace("/tls/", f"{tls}/").replace(":7401", f":{port}")
 
     processes = []
-    sr3 = [sys.executable, "-m", "sr3"]
+    bin_dir = str(Path(sys.executable).parent)
+    path = f"{bin_dir}:{os.environ['PATH']}"
     try:
         for name, service in sorted(services.items()):
             env = {key: local(str(value)) for key, value in service["environment"].items()}
-            env["SR3_LISTEN"] = f"{hosts[name]}:{port}"
+            env["SR3_LISTEN"] = f"{ips[name]}:{port}"
             env["SR3_DATA"] = str(tmp_path / name)
             env["SR3_SECRET"] = secret
-            command = sr3 + _entrypoint()[1:]
+            command = in_own_hosts(hosts_file, [sys.executable, "-m", "sr3", *_entrypoint()[1:]])
             log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115
             processes.append(
-                subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=log)
+                subprocess.Popen(
+                    command, env={**os.environ, **env, "PATH": path}, stdout=log, stderr=log
+                )
             )
             log.close()
-        for host in hosts.values():
-            _wait_healthy(f"{host}:{port}")
-        ring = ",".join(f"{host}:{port}" for host in hosts.values())
+        for name, service in services.items():
+            check = [local(part) for part in service["healthcheck"]["test"][1:]]
+            check = [part.replace("127.0.0.1:", f"{ips[name]}:") for part in check]
+            check[0] = sys.executable
+            deadline = time.monotonic() + 60
+            while subprocess.run(check, capture_output=True, timeout=30, check=False).returncode:
+                log_text = (tmp_path / f"{name}.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, f"{name} never healthy:\n{log_text}"
+                time.sleep(0.3)
+        client_env = {
+            **os.environ, "PATH": path, "SR3_SECRET": secret, "SR3_RING": f"peer1:{port}",
+            "SR3_TLS_CA": str(tls / "ca.pem"),
+        }  # fmt: skip
+        payload = tmp_path / "payload.bin"
+        payload.write_bytes(b"compose" * 100_000)
 
-        async def round_trip() -> bytes:
-            async with Client(ring, secret) as client:
-                ref = await client.chunks.put_blob(b"compose" * 1000)
-                return await client.chunks.get_blob(ref)
+        def sr3(*args: str) -> subprocess.CompletedProcess[str]:
+            command = in_own_hosts(hosts_file, [sys.executable, "-m", "sr3", *args])
+            return subprocess.run(
+                command, env=client_env, capture_output=True, text=True, timeout=120, check=False
+            )
 
-        import asyncio
-
-        assert asyncio.run(round_trip()) == b"compose" * 1000
+        put = sr3("put", str(payload), "--key", "compose/payload")
+        assert put.returncode == 0, put.stdout + put.stderr
+        back = tmp_path / "back.bin"
+        get = sr3("get", "compose/payload", "-o", str(back))
+        assert get.returncode == 0, get.stdout + get.stderr
+        assert back.read_bytes() == payload.read_bytes()
     finally:
         for process in processes:
             process.terminate()
@@ -124,11 +178,13 @@ def _interpolate(text: str) -> str:
     return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", lambda match: match.group(1), text)
 
 
-def _wait_healthy(address: str) -> None:
+def _wait_healthy(address: str, context: ssl.SSLContext | None = None) -> None:
     deadline = time.monotonic() + 30
+    scheme = "https" if context is not None else "http"
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://{address}/v1/health", timeout=0.5) as answer:
+            url = f"{scheme}://{address}/v1/health"
+            with urllib.request.urlopen(url, timeout=0.5, context=context) as answer:
                 if json.loads(answer.read())["ready"]:
                     return
         except OSError:
