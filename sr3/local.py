@@ -380,3 +380,5 @@ class LocalCluster:
         if purge:
             for peer in self.cluster.peers:
                 shutil.rmtree(peer.data_dir, ignore_errors=True)
+            if self.cluster.tls_dir:
+                shutil.rmtree(self.cluster.tls_dir, ignore_errors=True)
