@@ -231,7 +231,9 @@ class Proposer:
             acceptors.replication,
             lambda member, _hint: self._slot_at(member, key, acceptors),
             strict=True,
-            early=Early(enough, grace_s=0.0, background=False),
+            # Stragglers finish in the background: a cancelled request costs its
+            # connection (over TLS, a new handshake for the next round).
+            early=Early(enough, grace_s=0.0, background=True),
             attempt_s=self._view.options.read_attempt_s,
             latency=self.read_latency,
         )
@@ -345,7 +347,7 @@ class Proposer:
             acceptors.replication,
             lambda member, _hint: self._prepare_at(member, key, ballot, acceptors),
             strict=True,
-            early=Early(settled, grace_s=0.0, background=False),
+            early=Early(settled, grace_s=0.0, background=True),
             attempt_s=self._view.options.write_attempt_s,
             latency=self.prepare_latency,
         )

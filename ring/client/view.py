@@ -374,8 +374,8 @@ class RingTracker:
 
         Without ``early``, every lane is awaited. With it, the fan-out returns once
         ``early.enough`` holds and the lanes still running have had ``early.grace_s``:
-        those are then handed to the background (``early.background``, writes) or
-        cancelled (reads). ``latency`` hears how long each answer took."""
+        those are then handed to the background (``early.background``) or cancelled.
+        ``latency`` hears how long each answer took."""
         preferred = list(candidates[:count])
         last_resort = [member for member in preferred if self.is_down(member)]
         spares = iter(self.live_first(candidates[count:]) + last_resort)
@@ -438,8 +438,8 @@ class RingTracker:
         return running
 
     async def _to_background(self, lanes: set[asyncio.Task[None]]) -> None:
-        """Keep write lanes running after their call returned, tracked and bounded: past
-        ``background_lanes_max`` they are cancelled, leaving the copy to repair."""
+        """Keep lanes running after their call returned, tracked and bounded: past
+        ``background_lanes_max`` they are cancelled (a write's copy is left to repair)."""
         room = max(0, self.options.background_lanes_max - len(self._background))
         kept = list(lanes)[:room]
         dropped = list(lanes)[room:]
@@ -487,7 +487,9 @@ class FanOut(Generic[T]):
 class Early(Generic[T]):
     """When a fan-out may return before every lane ended: once ``enough(answers,
     lanes_running)`` holds, lanes still running get ``grace_s`` more, then go to the
-    background (``background``: writes, bounded and awaited on close) or are cancelled."""
+    background (``background``: bounded and awaited on close; record rounds and writes,
+    whose requests are small and sent already: cancelling one costs its connection, and
+    over TLS a new handshake) or are cancelled."""
 
     enough: Callable[[Sequence[tuple[Member, T]], int], bool]
     grace_s: float
