@@ -87,6 +87,15 @@ class ClusterFile:
     def addresses(self) -> list[str]:
         return [peer.address for peer in self.peers]
 
+    @property
+    def client_tls(self) -> ClientTls | None:
+        """What a client of this cluster connects with (``tls_dir``'s CA and client
+        certificate), or None for plain HTTP."""
+        if not self.tls_dir:
+            return None
+        folder = Path(self.tls_dir)
+        return ClientTls(folder / "ca.pem", folder / "client.pem", folder / "client.key")
+
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -134,10 +143,7 @@ def resolve_tls(cluster: ClusterFile | None) -> ClientTls | None:
         return ClientTls(Path(ca), Path(cert) if cert else None, Path(key) if key else None)
     if cert or key:
         raise ConfigError("SR3_TLS_CERT and SR3_TLS_KEY need SR3_TLS_CA (the cluster's CA)")
-    if cluster is not None and cluster.tls_dir:
-        folder = Path(cluster.tls_dir)
-        return ClientTls(folder / "ca.pem", folder / "client.pem", folder / "client.key")
-    return None
+    return cluster.client_tls if cluster is not None else None
 
 
 def resolve(

@@ -53,7 +53,7 @@ from ring.repair import Repairer, RepairSettings
 from ring.scrubber import Scrubber
 from ring.settle import SETTLE_INTERVAL_S, Settler
 from ring.steward import Steward, StewardSettings
-from ring.tls import ClientTls, client_context
+from ring.tls import client_context
 from ring.transport import Timeouts as TransportTimeouts
 from ring.transport import Transport
 
@@ -144,11 +144,7 @@ class Node:
         # With TLS, this peer calls others over HTTPS, trusting the cluster CA and
         # presenting its own certificate (peers may require one).
         tls = config.tls
-        outgoing = (
-            None
-            if tls is None
-            else client_context(ClientTls(tls.ca_file, tls.cert_file, tls.key_file))
-        )
+        outgoing = None if tls is None else client_context(tls.as_client)
         self.data_transport = Transport(config.secret, clock=clocks.wall, tls=outgoing)
         self.control_transport = Transport(
             config.secret, timeouts=CONTROL_TIMEOUTS, clock=clocks.wall, tls=outgoing

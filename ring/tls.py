@@ -56,6 +56,12 @@ class ServerTls:
     # How often the files are looked at for a renewal (``CertificateReloader``).
     check_interval_s: float = CERT_CHECK_INTERVAL_S
 
+    @property
+    def as_client(self) -> ClientTls:
+        """What the peer connects to other peers with: the same CA, and its own
+        certificate as the client certificate peers may require."""
+        return ClientTls(self.ca_file, self.cert_file, self.key_file)
+
 
 @dataclass(frozen=True, slots=True)
 class ClientTls:

@@ -61,7 +61,6 @@ from ring.errors import (
 from ring.fs_api import ROOT, Stat
 from ring.node import Node
 from ring.peer import SIGNED_BODY_DIGEST
-from ring.tls import ClientTls
 from spark_connector.files import (
     INLINE_BYTES_MAX,
     STAT_BYTES,
@@ -663,9 +662,7 @@ class FileService:
         # The peer's own TLS, as for its calls to other peers (its certificate serves as
         # a client certificate where peers require one).
         tls = config.tls
-        options = ClientOptions(
-            tls=None if tls is None else ClientTls(tls.ca_file, tls.cert_file, tls.key_file)
-        )
+        options = ClientOptions(tls=None if tls is None else tls.as_client)
         client = Client(config.address, config.secret, options=options)
         self.namespace = Namespace(client, lambda: int(self.node.clocks.wall() * 1000))
 

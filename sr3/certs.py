@@ -63,10 +63,12 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` whole (a temp file, fsynced, renamed over it),
+    created with ``mode``: 0o600 for a key, 0o644 for a certificate."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
         handle.flush()
@@ -74,11 +76,19 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _write_public(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """Signing, and for the CA signing certificates: what each kind of key may do."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -116,24 +126,14 @@ def init_ca(
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(ca=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(files.key, _key_pem(key))
-    _write_public(files.cert, cert.public_bytes(serialization.Encoding.PEM))
+    _write(files.key, _key_pem(key), 0o600)
+    _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return files
 
 
@@ -210,17 +210,7 @@ def issue(
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(ca=False),
             critical=True,
         )
         .add_extension(
@@ -240,6 +230,6 @@ def issue(
     issued = Issued(out_dir / f"{name}.pem", out_dir / f"{name}.key", not_after)
     # The key first: a peer that reloads between the two writes finds a pair that
     # does not match, keeps its current one and loads the new pair on its next look.
-    _write_private(issued.key, _key_pem(key))
-    _write_public(issued.cert, pem)
+    _write(issued.key, _key_pem(key), 0o600)
+    _write(issued.cert, pem, 0o644)
     return issued

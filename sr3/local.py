@@ -212,10 +212,7 @@ class LocalCluster:
     @property
     def client_tls(self) -> ClientTls | None:
         """What a client of this cluster connects with (None: plain HTTP)."""
-        if not self.cluster.tls_dir:
-            return None
-        folder = Path(self.cluster.tls_dir)
-        return ClientTls(folder / "ca.pem", folder / "client.pem", folder / "client.key")
+        return self.cluster.client_tls
 
     def peer(self, peer_id: str) -> ClusterPeer:
         for peer in self.cluster.peers:
