@@ -23,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -355,3 +356,28 @@ def in_own_hosts(hosts_file: Path, command: list[str]) -> list[str]:
     """``command`` run in a mount namespace whose ``/etc/hosts`` is ``hosts_file``."""
     script = f'mount --bind "{hosts_file}" /etc/hosts && exec "$@"'
     return ["unshare", "-m", "--", "sh", "-c", script, "sh", *command]
+
+
+def stop_processes(processes: list[subprocess.Popen[bytes]], wait_s: float = 15.0) -> list[int]:
+    """SIGTERM every process (its whole group when it leads one, as a ``start_new_session``
+    process does), then their exit codes; one still running after ``wait_s`` is killed
+    (and its code says so): none is left running after a test."""
+
+    def send(process: subprocess.Popen[bytes], signum: int) -> None:
+        if process.poll() is not None:
+            return
+        if os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+
+    for process in processes:
+        send(process, signal.SIGTERM)
+    codes = []
+    for process in processes:
+        try:
+            codes.append(process.wait(timeout=wait_s))
+        except subprocess.TimeoutExpired:
+            send(process, signal.SIGKILL)
+            codes.append(process.wait(timeout=5))
+    return codes

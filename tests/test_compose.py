@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import in_own_hosts, require_names_apart
+from support import in_own_hosts, require_names_apart, stop_processes
 
 from ring.client import Client
 from sr3.local import pick_port
@@ -166,24 +166,9 @@ def test_every_service_command_line_runs_a_real_peer(tmp_path: Path) -> None:
         assert get.returncode == 0, get.stdout + get.stderr
         assert back.read_bytes() == payload.read_bytes()
     finally:
-        codes = _stop_all(processes)
+        codes = stop_processes(processes)
         shutil.rmtree(tmp_path, ignore_errors=True)
         assert codes == [0] * len(processes), "a peer did not stop cleanly on SIGTERM"
-
-
-def _stop_all(processes: list[subprocess.Popen[bytes]]) -> list[int]:
-    """SIGTERM every peer, then their exit codes; one still running after 15 s is
-    killed (and its code says so): none is left running after the test."""
-    for process in processes:
-        process.terminate()
-    codes = []
-    for process in processes:
-        try:
-            codes.append(process.wait(timeout=15))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            codes.append(process.wait(timeout=5))
-    return codes
 
 
 def _interpolate(text: str) -> str:

@@ -16,7 +16,6 @@ Needs root for the mount namespaces: skips without it, fails under
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any
 import click
 import kubernetes_validate
 import yaml
-from support import in_own_hosts, next_base_port, require_names_apart
+from support import in_own_hosts, next_base_port, require_names_apart, stop_processes
 
 from sr3.certs import init_ca, issue
 from sr3.cli.peer import peer as peer_command
@@ -179,18 +178,6 @@ def _wait_ready(pods: Pods, container: dict[str, Any], tmp_path: Path) -> None:
             time.sleep(0.5)
 
 
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=5)
-
-
 def test_the_statefulset_runs_a_tls_ring_that_the_job_and_clients_reach_by_dns(
     tmp_path: Path,
 ) -> None:
@@ -224,4 +211,4 @@ def test_the_statefulset_runs_a_tls_ring_that_the_job_and_clients_reach_by_dns(
         assert get.returncode == 0, get.stdout + get.stderr
         assert back.read_bytes() == data.read_bytes()
     finally:
-        _stop(processes)
+        stop_processes(processes, wait_s=20.0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import HttpProbe, in_own_hosts, next_base_port, require_names_apart
+from support import HttpProbe, in_own_hosts, next_base_port, require_names_apart, stop_processes
 
 from ring.auth import generate_secret
 from ring.client import Client, ClientOptions
@@ -90,16 +89,7 @@ def named_ring(names_apart: None, tmp_path: Path) -> Iterator[NamedRing]:
         asyncio.run(_wait_formed(ring))
         yield ring
     finally:
-        for process in processes:
-            with_group = os.getpgid(process.pid) if process.poll() is None else None
-            if with_group is not None:
-                os.killpg(with_group, signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=5)
+        stop_processes(processes)
 
 
 async def _wait_formed(ring: NamedRing) -> None:
