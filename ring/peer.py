@@ -32,18 +32,21 @@ from ring import api, codec, fs_api, paxos, records_api
 from ring.api import Route
 from ring.auth import ANY_TARGET, AuthFailure, Principal, Verifier
 from ring.cluster_http import cluster_routes
-from ring.consensus import EpochMismatch, RoundView, Syncing, ViewMismatch
+from ring.consensus import RoundView
 from ring.errors import (
-    ChunkCorrupt,
-    ChunkTooLarge,
     ProtocolError,
-    RecordConflict,
-    SR3Error,
-    StorageFull,
 )
 from ring.metrics import PeerMetrics, watch_node
 from ring.node import Node
 from ring.paxos import Ballot, Preempted
+from ring.peer_answers import (
+    CLIENT_CLOSED,
+    Leaving,
+    client_gone,
+    error_answer,
+    preempted_answer,
+    translate,
+)
 from ring.peer_config import PeerConfig
 from ring.records import validate_key
 
@@ -106,57 +109,6 @@ def _streamed_body(request: web.Request) -> bool:
     return (request.method, pattern) in _STREAMED_BODY
 
 
-# The status a request whose client went away is counted under (nginx's "client closed
-# request"); never sent, since nobody is there to read it.
-CLIENT_CLOSED = 499
-
-
-def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
-    return web.json_response(api.error_body(code, message, **extra), status=status)
-
-
-class _Leaving(SR3Error):
-    """A write reached a peer that is leaving the ring (503: try another replica)."""
-
-
-def _preempted(key: str, refusal: Preempted) -> web.Response:
-    message = f"record {key!r}: ballot {refusal.promised.wire()} was promised here"
-    return _error(409, "preempted", message, promised=refusal.promised.wire())
-
-
-def _translate(exc: Exception) -> web.Response:
-    """Map an exception raised while handling a request to its HTTP answer."""
-    if isinstance(exc, _Leaving):
-        return _error(503, "leaving", str(exc))
-    if isinstance(exc, ViewMismatch):
-        return _error(409, "view", str(exc))
-    if isinstance(exc, EpochMismatch):
-        return _error(409, "epoch", str(exc), epoch=exc.epoch)
-    if isinstance(exc, Syncing):
-        return _error(503, "syncing", str(exc))
-    if isinstance(exc, RecordConflict):
-        return _error(409, "version_conflict", str(exc), current_version=exc.current)
-    if isinstance(exc, ChunkTooLarge):
-        return _error(413, "chunk_too_large", str(exc))
-    if isinstance(exc, ChunkCorrupt):
-        return _error(422, "chunk_corrupt", str(exc))
-    if isinstance(exc, StorageFull):
-        return _error(507, "storage_full", str(exc))
-    if isinstance(exc, ProtocolError):
-        return _error(400, "bad_request", str(exc))
-    if isinstance(exc, SR3Error):
-        return _error(500, "internal", str(exc))
-    log.exception("unexpected error while handling a request", exc_info=exc)
-    return _error(500, "internal", f"{type(exc).__name__}")
-
-
-def _client_gone(request: web.Request, exc: Exception) -> bool:
-    """Whether ``exc`` came from the client hanging up (its connection lost while the
-    peer read its body or wrote the answer), not from the peer."""
-    transport = request.transport
-    return isinstance(exc, ConnectionError) and (transport is None or transport.is_closing())
-
-
 class Peer:
     """The HTTP shell of one node: request handlers, authentication, metrics."""
 
@@ -194,19 +146,21 @@ class Peer:
             response = await handler(request)
         except AuthFailure as exc:
             self.metrics.auth_failures.inc()
-            response = _error(401, "unauthorized", str(exc))
+            response = error_answer(401, "unauthorized", str(exc))
         except Forbidden as exc:
             self.metrics.auth_failures.inc()
-            response = _error(403, "forbidden", str(exc))
+            response = error_answer(403, "forbidden", str(exc))
         except web.HTTPException as exc:
-            response = _error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
+            response = error_answer(
+                exc.status, exc.reason.lower().replace(" ", "_"), exc.text or ""
+            )
         except Exception as exc:
-            if not _client_gone(request, exc):
-                response = _translate(exc)
+            if not client_gone(request, exc):
+                response = translate(exc)
             else:
                 # Nobody reads this answer: counted as 499 ("client closed"), not an error.
                 log.debug("%s %s: the client went away: %r", request.method, route_name, exc)
-                response = _error(CLIENT_CLOSED, "client_closed", "the client went away")
+                response = error_answer(CLIENT_CLOSED, "client_closed", "the client went away")
         if response.status >= 500:
             self.metrics.responses_5xx.inc()
         self.metrics.requests.labels(route_name, str(response.status)).inc()
@@ -306,7 +260,7 @@ class Peer:
 
     async def ring(self, request: web.Request) -> web.Response:
         if not self.node.gossiper.ready.is_set():
-            return _error(503, "not_ready", "this peer is still learning the member table")
+            return error_answer(503, "not_ready", "this peer is still learning the member table")
         config = self.config
         table = self.node.table
         states = table.states()
@@ -342,7 +296,7 @@ class Peer:
         """Start handing the data over and leaving; 409 if too few peers would remain."""
         refused = self.node.leave_refused()
         if refused is not None:
-            return _error(409, "too_few_peers", refused)
+            return error_answer(409, "too_few_peers", refused)
         progress = self.node.request_leave()
         return web.json_response(
             {"peer_id": self.config.peer_id, "status": "leaving", "leave": progress.to_json()},
@@ -352,7 +306,9 @@ class Peer:
     async def kill(self, request: web.Request) -> web.Response:
         """Die without any cleanup, as SIGKILL would, once this answer is on its way."""
         if not self.config.admin_kill:
-            return _error(403, "forbidden", "admin kill is off (start with --enable-admin-kill)")
+            return error_answer(
+                403, "forbidden", "admin kill is off (start with --enable-admin-kill)"
+            )
         log.warning("peer %s killed through the admin endpoint", self.config.peer_id)
         response = web.json_response({"peer_id": self.config.peer_id, "killed": True}, status=202)
         await response.prepare(request)
@@ -381,7 +337,7 @@ class Peer:
 
     def _refuse_if_leaving(self) -> None:
         if self._leaving():
-            raise _Leaving(f"{self.config.peer_id} is leaving the ring: write elsewhere")
+            raise Leaving(f"{self.config.peer_id} is leaving the ring: write elsewhere")
 
     async def put_chunk(self, request: web.Request) -> web.Response:
         self._refuse_if_leaving()
@@ -408,7 +364,7 @@ class Peer:
             await self.node.emulate_latency()
             stored = await self.chunks.get(chunk_id)
             if stored is None:
-                return _error(404, "not_found", f"chunk {chunk_id} is not stored here")
+                return error_answer(404, "not_found", f"chunk {chunk_id} is not stored here")
             await self.node.egress.acquire(len(stored))
         finally:
             foreground.leave()
@@ -531,7 +487,7 @@ class Peer:
         ballot = Ballot.parse(request.query.get("ballot"))
         outcome = await self.node.acceptor.prepare(key, ballot, self._view_query(request))
         if isinstance(outcome, Preempted):
-            return _preempted(key, outcome)
+            return preempted_answer(key, outcome)
         return web.Response(
             body=paxos.encode_slot(outcome), content_type="application/octet-stream"
         )
@@ -550,7 +506,7 @@ class Peer:
             self._view_query(request),
         )
         if isinstance(outcome, Preempted):
-            return _preempted(key, outcome)
+            return preempted_answer(key, outcome)
         return web.json_response({"key": key, "accepted": ballot.wire()})
 
     async def referenced_chunks(self, _request: web.Request) -> web.Response:

@@ -1,0 +1,79 @@
+"""How a peer answers an error: the HTTP status and JSON body each kind of failure gets
+(``translate``), and whether a failure was the client hanging up (``client_gone``),
+which is counted under ``CLIENT_CLOSED``, never as a server error."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from ring import api
+from ring.consensus import EpochMismatch, Syncing, ViewMismatch
+from ring.errors import (
+    ChunkCorrupt,
+    ChunkTooLarge,
+    ProtocolError,
+    RecordConflict,
+    SR3Error,
+    StorageFull,
+)
+from ring.paxos import Preempted
+
+__all__ = [
+    "CLIENT_CLOSED", "Leaving", "client_gone", "error_answer", "preempted_answer", "translate",
+]  # fmt: skip
+
+log = logging.getLogger("ring.peer")
+
+
+# The status a request whose client went away is counted under (nginx's "client closed
+# request"); never sent, since nobody is there to read it.
+CLIENT_CLOSED = 499
+
+
+def error_answer(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    return web.json_response(api.error_body(code, message, **extra), status=status)
+
+
+class Leaving(SR3Error):
+    """A write reached a peer that is leaving the ring (503: try another replica)."""
+
+
+def preempted_answer(key: str, refusal: Preempted) -> web.Response:
+    message = f"record {key!r}: ballot {refusal.promised.wire()} was promised here"
+    return error_answer(409, "preempted", message, promised=refusal.promised.wire())
+
+
+def translate(exc: Exception) -> web.Response:
+    """Map an exception raised while handling a request to its HTTP answer."""
+    if isinstance(exc, Leaving):
+        return error_answer(503, "leaving", str(exc))
+    if isinstance(exc, ViewMismatch):
+        return error_answer(409, "view", str(exc))
+    if isinstance(exc, EpochMismatch):
+        return error_answer(409, "epoch", str(exc), epoch=exc.epoch)
+    if isinstance(exc, Syncing):
+        return error_answer(503, "syncing", str(exc))
+    if isinstance(exc, RecordConflict):
+        return error_answer(409, "version_conflict", str(exc), current_version=exc.current)
+    if isinstance(exc, ChunkTooLarge):
+        return error_answer(413, "chunk_too_large", str(exc))
+    if isinstance(exc, ChunkCorrupt):
+        return error_answer(422, "chunk_corrupt", str(exc))
+    if isinstance(exc, StorageFull):
+        return error_answer(507, "storage_full", str(exc))
+    if isinstance(exc, ProtocolError):
+        return error_answer(400, "bad_request", str(exc))
+    if isinstance(exc, SR3Error):
+        return error_answer(500, "internal", str(exc))
+    log.exception("unexpected error while handling a request", exc_info=exc)
+    return error_answer(500, "internal", f"{type(exc).__name__}")
+
+
+def client_gone(request: web.Request, exc: Exception) -> bool:
+    """Whether ``exc`` came from the client hanging up (its connection lost while the
+    peer read its body or wrote the answer), not from the peer."""
+    transport = request.transport
+    return isinstance(exc, ConnectionError) and (transport is None or transport.is_closing())
