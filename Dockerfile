@@ -1,6 +1,7 @@
 # One sr3 storage peer. The image runs `sr3 peer`; configuration comes from SR3_* variables
 # (see docker-compose.yml and `sr3 peer --help`). Peers do not need Spark or Java.
-FROM python:3.11-slim
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 WORKDIR /opt/sr3
 COPY pyproject.toml README.md ./
 COPY sr3 ./sr3

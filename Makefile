@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint check bench faults clean jar
+.PHONY: install demo test test-containers lint check bench faults clean jar
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,13 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q --durations=10 -m "not containers"
+
+# The compose deployment on a real container engine (tests/test_compose_engine.py): builds
+# a base image from Debian's archive the first time (root, debootstrap), then the
+# project's image, and runs the ring in containers. CI runs it after `make test`.
+test-containers: install
+	$(PY) -m pytest -q --durations=5 -m containers
 
 bench: install
 	$(PY) benchmarks/bench_placement.py
