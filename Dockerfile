@@ -7,6 +7,7 @@ COPY pyproject.toml README.md ./
 COPY sr3 ./sr3
 COPY ring ./ring
 COPY recovery ./recovery
+COPY filesystem ./filesystem
 COPY spark_connector ./spark_connector
 RUN pip install --no-cache-dir . && useradd --system --uid 7401 sr3 && mkdir /data && chown sr3 /data
 USER sr3

@@ -49,7 +49,7 @@ network (``tests/test_api.py``).
     PUT|GET|DELETE /v1/fs/files/{path}, GET /v1/fs/stat|list/{path},
     POST /v1/fs/rename, POST /v1/fs/mkdirs/{path}   the sr3:// file namespace
                                           (``ring.fs_api``; installed by
-                                          ``spark_connector.fs_service``)
+                                          ``filesystem.service``)
     GET    /metrics                       Prometheus text (signed, or the metrics bearer token)
 
 Errors are JSON ``{"error": code, "message": text}`` (``error_body``/``parse_error``),

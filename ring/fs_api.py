@@ -1,6 +1,6 @@
 """The wire contract of the file namespace (``sr3://``): routes, limits, body shapes.
 
-Every peer serves these routes (``spark_connector.fs_service`` installs them); any peer
+Every peer serves these routes (``filesystem.service`` installs them); any peer
 coordinates a request: it reads and writes the file's metadata record by consensus and
 its chunks on the key's replicas, so a client (the Java ``sr3://`` FileSystem, ``sr3
 fs``) talks to one peer and fails over to another.

@@ -7,8 +7,8 @@ keeps the newest few per query (``catalog``), and restores the newest (or a give
 along a recovery topology (``restore``).
 
 On a cluster, executors write state straight to the ring through the ``sr3://`` Hadoop
-FileSystem (Java, ``java/``, built by ``jar``) and the namespace peers serve
-(``fs_service``); ``spark_conf`` gives a session what it needs for it.
+FileSystem (Java, ``java/``, built by ``jar``) and the namespace peers serve (the
+``filesystem`` package, below this one); ``spark_conf`` gives a session what it needs.
 """
 
 from spark_connector.catalog import forget, ring_queries

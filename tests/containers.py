@@ -40,6 +40,7 @@ PROJECT_FILES = (
     "sr3",
     "ring",
     "recovery",
+    "filesystem",
     "spark_connector",
 )
 COMMAND_TIMEOUT_S = 120.0

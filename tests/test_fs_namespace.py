@@ -1,4 +1,4 @@
-"""The ``sr3://`` file namespace served by peers (``spark_connector.fs_service``).
+"""The ``sr3://`` file namespace served by peers (``filesystem``).
 
 What must hold, on the shared 5-peer ring (R=3, W=2), through any peer: a created file
 reads back whole and by ranges, inline (small) or in chunks (large); create-if-absent is
@@ -21,9 +21,9 @@ import pytest
 from support import HttpProbe, MakeCluster
 from yarl import URL
 
+from filesystem.entries import INLINE_BYTES_MAX
 from ring import api, fs_api
 from ring.errors import AuthError, NotFound
-from spark_connector.files import INLINE_BYTES_MAX
 from spark_connector.fs_checkpoints import (
     FsCheckpoint,
     copy_to_local,

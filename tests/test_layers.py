@@ -67,6 +67,20 @@ def test_the_peer_program_does_not_load_the_client_or_the_local_cluster() -> Non
     assert out.strip() == "[]", out
 
 
+def test_the_namespace_a_peer_serves_loads_no_spark_connector_code() -> None:
+    """A peer serves ``sr3://`` (``filesystem.service``, installed by ``sr3 peer``) without
+    the Spark connector: a peer image needs none of it."""
+    probe = (
+        "import sys, sr3.cli.peer, filesystem.service; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('spark_connector', "
+        "'pyspark')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == "[]", out
+
+
 def test_recovery_exports_resolve_lazily() -> None:
     import recovery
 

@@ -175,10 +175,10 @@ def peer(
     benchmarks): a token bucket on what the peer sends and a delay before it answers."""
     if ctx.invoked_subcommand is not None:
         return
+    from filesystem.service import install as install_file_namespace
     from recovery.relay import install as install_recovery_relay
     from ring.peer_config import PeerConfig
     from ring.server import run_peer
-    from spark_connector.fs_service import install as install_file_namespace
 
     if not (peer_id and listen and data_dir):
         raise ConfigError("sr3 peer needs --id, --listen and --data (or SR3_* variables)")

@@ -1,0 +1,220 @@
+"""The HTTP routes of the ``sr3://`` namespace, served by every peer (``install`` adds
+them to a peer's application; ``ring.fs_api`` has the routes, answers and error codes).
+
+Each request is one ``Namespace`` operation (``filesystem.namespace``), run through a ring
+client the peer opens for it with its own TLS. A file's body is streamed into the
+namespace as it arrives and checked against its signed digest before the file is named
+(a body that does not match is never visible). Refusals answer with their 4xx and code;
+a ring that cannot serve answers 503 ``unavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from filesystem.namespace import BODY_PIECE_BYTES, FsError, Namespace
+from ring import api, fs_api
+from ring.api import Route
+from ring.auth import AuthFailure, BodyDigest
+from ring.client import Client, ClientOptions
+from ring.client.chunks import first_error
+from ring.errors import DataUnavailable, NotFound, QuorumError, RecordContention
+from ring.node import Node
+from ring.peer import SIGNED_BODY_DIGEST
+
+__all__ = ["FileService", "install"]
+
+
+def _path(request: web.Request) -> str:
+    return fs_api.route_path(request.match_info.get("path", ""))
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return api.parse_flag(request.query.get(name), name)
+
+
+def _op(request: web.Request) -> str:
+    """The request's operation id, or a fresh one (a client that never retries)."""
+    return fs_api.parse_op(request.query.get("op")) or secrets.token_hex(12)
+
+
+def _error(error: FsError) -> web.Response:
+    return web.json_response(api.error_body(error.code, str(error)), status=error.status)
+
+
+def _unavailable(exc: Exception) -> web.Response:
+    return web.json_response(api.error_body("unavailable", str(exc)), status=503)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _answers(handler: Handler) -> Handler:
+    """The namespace's refusals and the ring's unavailability as JSON answers."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except FsError as exc:
+            return _error(exc)
+        except NotFound as exc:
+            return _error(FsError(404, "not_found", str(exc)))
+        except (QuorumError, DataUnavailable, RecordContention) as exc:
+            return _unavailable(exc)
+
+    return wrapped
+
+
+class FileService:
+    """The routes of one peer, over a ring client opened with the peer's application."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.namespace: Namespace | None = None
+
+    async def start(self, _app: web.Application) -> None:
+        config = self.node.config
+        # The peer's own TLS, as for its calls to other peers (its certificate serves as
+        # a client certificate where peers require one).
+        tls = config.tls
+        options = ClientOptions(tls=None if tls is None else tls.as_client)
+        client = Client(config.address, config.secret, options=options)
+        self.namespace = Namespace(client, lambda: int(self.node.clocks.wall() * 1000))
+
+    async def stop(self, _app: web.Application) -> None:
+        if self.namespace is not None:
+            await self.namespace.client.close()
+
+    @property
+    def ns(self) -> Namespace:
+        if self.namespace is None:
+            raise FsError(503, "starting", "the file namespace is starting")
+        return self.namespace
+
+    async def write(self, request: web.Request) -> web.StreamResponse:
+        path = _path(request)
+        overwrite = _flag(request, "overwrite")
+        op = _op(request)
+        signed = request.get(SIGNED_BODY_DIGEST)
+        if not isinstance(signed, BodyDigest):
+            raise AuthFailure("the body of a file is signed")
+        digest = signed.hasher()
+        verified = False
+
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal verified
+            size = 0
+            while piece := await request.content.read(BODY_PIECE_BYTES):
+                size += len(piece)
+                if size > fs_api.FILE_BYTES_MAX:
+                    raise FsError(
+                        413, "too_large", f"a file is at most {fs_api.FILE_BYTES_MAX} bytes"
+                    )
+                digest.update(piece)
+                yield piece
+            if not hmac.compare_digest(digest.hexdigest(), signed.hex):
+                raise AuthFailure("body does not match its signed digest")
+            verified = True
+
+        stat = await self.ns.create(path, body(), overwrite=overwrite, op=op)
+        assert verified
+        return web.json_response(fs_api.stat_body(stat), status=201)
+
+    async def read(self, request: web.Request) -> web.StreamResponse:
+        path = _path(request)
+        stat, entry, tag = await self.ns.open(path, fs_api.parse_tag(request.query.get("tag")))
+        offset = api.parse_int(request.query.get("offset"), "offset", 0, fs_api.FILE_BYTES_MAX)
+        length = api.parse_int(
+            request.query.get("length"), "length", fs_api.FILE_BYTES_MAX, fs_api.FILE_BYTES_MAX
+        )
+        length = max(0, min(length, stat.size - offset))
+        pieces = self.ns.read(entry, offset, length)
+        first = await anext(pieces, b"")  # unavailable chunks answer 503, not a cut body
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                fs_api.HEADER_FILE_SIZE: str(stat.size),
+                fs_api.HEADER_MTIME_MS: str(stat.mtime_ms),
+                fs_api.HEADER_FILE_TAG: tag,
+                "Content-Type": "application/octet-stream",
+            },
+        )
+        response.content_length = length
+        await response.prepare(request)
+        await response.write(first)
+        async for piece in pieces:
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+    async def stat(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(fs_api.stat_body(await self.ns.stat(_path(request))))
+
+    async def list(self, request: web.Request) -> web.StreamResponse:
+        path = _path(request)
+        after = request.query.get("after", "")
+        limit = api.parse_int(
+            request.query.get("limit"), "limit", fs_api.LIST_LIMIT_MAX, fs_api.LIST_LIMIT_MAX
+        )
+        # The listing and the stat of the directory at once: most listings are of
+        # directories, and a file's (or a missing path's) scan finds nothing anyway.
+        try:
+            async with asyncio.TaskGroup() as group:
+                stat_task = group.create_task(self.ns.stat(path))
+                listing = group.create_task(self.ns.children(path, after=after, limit=limit))
+        except BaseExceptionGroup as group_error:
+            raise first_error(group_error) from None
+        stat, (entries, truncated, following) = stat_task.result(), listing.result()
+        if stat.type == "file":
+            entries, truncated, following = [stat], False, ""
+        return web.json_response(
+            {
+                "path": path,
+                "type": stat.type,
+                "entries": [{"name": e.name, **fs_api.stat_body(e)} for e in entries],
+                "truncated": truncated,
+                # Where the next page starts (``after``): a listing that ran into a long
+                # run of deleted entries may end a page with none.
+                "next": following,
+            }
+        )
+
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        removed = await self.ns.delete(_path(request), recursive=_flag(request, "recursive"))
+        return web.json_response({"deleted": removed})
+
+    async def rename(self, request: web.Request) -> web.StreamResponse:
+        source, target = fs_api.paths_of(fs_api.FS_RENAME, request.match_info, request.query)
+        stat = await self.ns.rename(
+            source, target, overwrite=_flag(request, "overwrite"), op=_op(request)
+        )
+        return web.json_response(fs_api.stat_body(stat))
+
+    async def mkdirs(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"created": await self.ns.mkdirs(_path(request))})
+
+
+def install(app: web.Application, node: Node) -> None:
+    """Add the file namespace's routes to a peer's application."""
+    service = FileService(node)
+    app.on_startup.append(service.start)
+    app.on_cleanup.append(service.stop)
+    routes: dict[Route, Handler] = {
+        fs_api.FS_WRITE: service.write,
+        fs_api.FS_READ: service.read,
+        fs_api.FS_DELETE: service.delete,
+        fs_api.FS_STAT: service.stat,
+        fs_api.FS_LIST: service.list,
+        fs_api.FS_RENAME: service.rename,
+        fs_api.FS_MKDIRS: service.mkdirs,
+    }
+    for route, handler in routes.items():
+        if route.method == "GET":
+            app.router.add_get(route.pattern, _answers(handler), allow_head=False)
+        else:
+            app.router.add_route(route.method, route.pattern, _answers(handler))
