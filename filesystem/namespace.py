@@ -248,9 +248,10 @@ class Namespace:
         long run of deleted entries) and where to go on."""
         prefix = fs_api.entries_prefix(path)
         base = "" if path == ROOT else path
-        floor = after.rstrip("/")
+        # Names as the keys write them (fs_api.key_name): the scan's order and cursors.
+        cursor = fs_api.key_name(after) if after else ""
+        floor = cursor.rstrip("/")
         found: dict[str, Stat] = {}
-        cursor = after
         for _page in range(LIST_PAGES_MAX):
             scan = await self.client.scan_records(
                 prefix, limit=limit, after=prefix + cursor if cursor else "", delimiter=True,
@@ -259,17 +260,20 @@ class Namespace:
             for record in scan.records:
                 name = record.key[len(prefix) :]
                 kind, size, mtime_ms = decode_stat(record.head)
-                found[name] = Stat(f"{base}/{name}", kind, size, mtime_ms, record.version)
+                child = f"{base}/{fs_api.name_of_key(name)}"
+                found[name] = Stat(child, kind, size, mtime_ms, record.version)
             implied = [r[len(prefix) : -1] for r in scan.prefixes]
             for name in await self._implied([n for n in implied if n not in found], prefix):
-                found[name] = Stat(f"{base}/{name}", "directory", 0, 0, 0)
+                found[name] = Stat(f"{base}/{fs_api.name_of_key(name)}", "directory", 0, 0, 0)
             names = sorted(name for name in found if name > floor)
             if len(names) > limit:
-                return [found[name] for name in names[:limit]], True, names[limit - 1]
+                following = fs_api.name_of_key(names[limit - 1])
+                return [found[name] for name in names[:limit]], True, following
             if not scan.truncated:
                 return [found[name] for name in names], False, ""
             cursor = scan.last[len(prefix) :]
-        return [found[name] for name in sorted(n for n in found if n > floor)], True, cursor
+        names = sorted(n for n in found if n > floor)
+        return [found[name] for name in names], True, fs_api.name_of_key(cursor)
 
     async def _implied(self, names: list[str], prefix: str) -> list[str]:
         """Of the subdirectories some peer holds live records under but that have no

@@ -23,7 +23,13 @@ from ring.api import Route
 from ring.auth import AuthFailure, BodyDigest
 from ring.client import Client, ClientOptions
 from ring.client.chunks import first_error
-from ring.errors import DataUnavailable, NotFound, QuorumError, RecordContention
+from ring.errors import (
+    DataUnavailable,
+    NotFound,
+    ProtocolError,
+    QuorumError,
+    RecordContention,
+)
 from ring.node import Node
 from ring.peer import SIGNED_BODY_DIGEST
 
@@ -158,6 +164,8 @@ class FileService:
     async def list(self, request: web.Request) -> web.StreamResponse:
         path = _path(request)
         after = request.query.get("after", "")
+        if len(after) > fs_api.PATH_CHARS_MAX:
+            raise ProtocolError(f"after: at most {fs_api.PATH_CHARS_MAX} characters")
         limit = api.parse_int(
             request.query.get("limit"), "limit", fs_api.LIST_LIMIT_MAX, fs_api.LIST_LIMIT_MAX
         )

@@ -31,14 +31,23 @@ every retry: a retry that finds its operation already done answers as the first 
 would have (a create-if-absent that succeeded is not then refused as "exists").
 
 A stat is ``{"path", "type": "file"|"directory", "size", "mtime_ms", "version"}``. Paths
-are absolute, ``/``-separated, without empty, ``.`` or ``..`` components; in a URL they
-follow the route without their leading ``/`` (the root is the empty path), each
-component percent-encoded. ``ROOT`` is always a directory.
+are absolute, ``/``-separated, without empty, ``.`` or ``..`` components; a component is
+any UTF-8 text without control characters (spaces, ``%``, ``=`` and non-ASCII letters
+included: Spark escapes partition values as ``%XX``), at most ``COMPONENT_BYTES_MAX``
+bytes. In a URL a path follows the route without its leading ``/`` (the root is the
+empty path), each component percent-encoded (UTF-8). ``ROOT`` is always a directory.
+
+On the ring a path is a record key (``path_key``), which allows fewer characters: every
+byte of a character outside ``[A-Za-z0-9._=-]`` is written ``:XX`` (``:`` itself
+included), so a key names exactly one path and its components stay apart. A path's key
+is at most ``PATH_CHARS_MAX`` characters: a name of safe characters counts one per
+character, any other character three per UTF-8 byte.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -76,11 +85,14 @@ __all__ = [
     "MTIME_MS_MAX",
     "PATH_CHARS_MAX",
     "PATH_KEY_PREFIX",
+    "COMPONENT_BYTES_MAX",
     "ROOT",
     "STREAMED_BODY_ROUTES",
     "Stat",
     "components",
     "entries_prefix",
+    "key_name",
+    "name_of_key",
     "file_tag",
     "path_key",
     "fs_path",
@@ -105,14 +117,18 @@ ROOT = "/"
 # "/" (the value says which it is): a stat reads one record, and a directory's entries
 # are the keys under its own plus "/".
 PATH_KEY_PREFIX = "fs/"
-# Record keys are at most 512 characters; the prefix above is 3.
+# Record keys are at most 512 characters; the prefix above is 3. The bound is on the
+# key's form of the path (``path_key``: three characters per escaped byte).
 PATH_CHARS_MAX = 500
-COMPONENT_CHARS_MAX = 255
+# As HDFS's default (dfs.namenode.fs-limits.max-component-length): UTF-8 bytes.
+COMPONENT_BYTES_MAX = 255
 # One file: a Spark state file is at most a few GiB (a RocksDB checkpoint zip).
 FILE_BYTES_MAX = 64 * 1024**3
 LIST_LIMIT_MAX = 10_000
 MTIME_MS_MAX = 10**15
-_COMPONENT = re.compile(r"^[A-Za-z0-9._:=-]+$")
+# Characters a record key holds as they are; every other byte is escaped as ":XX".
+_KEY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._=-")
+_ESCAPED = re.compile(r":([0-9A-F]{2})")
 OP_PATTERN = re.compile(r"^[0-9a-f]{24}$")
 
 FileType = Literal["file", "directory"]
@@ -122,21 +138,62 @@ def validate_path(path: str) -> str:
     """``path`` if it is a valid absolute path (``ProtocolError`` if not)."""
     if path == ROOT:
         return path
-    if not path.startswith("/") or len(path) > PATH_CHARS_MAX:
-        raise ProtocolError(
-            f"invalid path {path[:80]!r}: absolute, at most {PATH_CHARS_MAX} characters"
-        )
+    if not path.startswith("/"):
+        raise ProtocolError(f"invalid path {path[:80]!r}: not absolute")
     for part in path[1:].split("/"):
-        if (
-            not 0 < len(part) <= COMPONENT_CHARS_MAX
-            or part in (".", "..")
-            or _COMPONENT.fullmatch(part) is None
-        ):
+        if part in ("", ".", ".."):
+            raise ProtocolError(f"invalid path {path[:80]!r}: an empty, '.' or '..' component")
+        try:
+            encoded = part.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError(f"invalid path {path[:80]!r}: not UTF-8") from None
+        if len(encoded) > COMPONENT_BYTES_MAX:
             raise ProtocolError(
-                f"invalid path {path[:80]!r}: components of [A-Za-z0-9._:=-], not empty, "
-                "'.' or '..'"
+                f"invalid path {path[:80]!r}: a component is at most {COMPONENT_BYTES_MAX} "
+                "bytes (UTF-8)"
             )
+        if any(unicodedata.category(char) == "Cc" for char in part):
+            raise ProtocolError(f"invalid path {path[:80]!r}: a control character")
+    if len(key_name(path[1:])) > PATH_CHARS_MAX:
+        raise ProtocolError(
+            f"invalid path {path[:80]!r}: longer than {PATH_CHARS_MAX} characters on the "
+            "ring (a character other than [A-Za-z0-9._=-] counts 3 per UTF-8 byte)"
+        )
     return path
+
+
+def key_name(name: str) -> str:
+    """How a name (a component, or components joined by "/") is written in a record
+    key: every byte of a character outside ``[A-Za-z0-9._=-]`` as ``:XX``."""
+    return "/".join(
+        "".join(chr(byte) if byte in _KEY_SAFE else f":{byte:02X}" for byte in part.encode("utf-8"))
+        for part in name.split("/")
+    )
+
+
+def name_of_key(text: str) -> str:
+    """The name ``key_name`` wrote as ``text`` (``ProtocolError`` when it is not one)."""
+    if ":" not in text:
+        return text
+    raw = bytearray()
+    index = 0
+    while index < len(text):
+        if text[index] == ":":
+            match = _ESCAPED.match(text, index)
+            if match is None:
+                raise ProtocolError(f"not a key's name: {text[:80]!r}")
+            raw.append(int(match.group(1), 16))
+            index = match.end()
+        else:
+            raw += text[index].encode("utf-8")
+            index += 1
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"not a key's name: {text[:80]!r}") from None
+    if key_name(name) != text:  # one key per name: no escaped safe character
+        raise ProtocolError(f"not a key's name: {text[:80]!r}")
+    return name
 
 
 _TAG = re.compile(r"^(0|[1-9][0-9]{0,15})\.([0-9a-f]{0,64})$")
@@ -181,7 +238,7 @@ def path_key(path: str) -> str:
     """The record of the file or directory at ``path`` (the root has none)."""
     if path == ROOT:
         raise ProtocolError("the root is always a directory and has no record")
-    return PATH_KEY_PREFIX + validate_path(path)[1:]
+    return PATH_KEY_PREFIX + key_name(validate_path(path)[1:])
 
 
 def entries_prefix(path: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from yarl import URL
 
 from filesystem.entries import INLINE_BYTES_MAX
 from ring import api, fs_api
-from ring.errors import AuthError, NotFound
+from ring.errors import AuthError, NotFound, ProtocolError
 from spark_connector.fs_checkpoints import (
     FsCheckpoint,
     copy_to_local,
@@ -176,6 +177,56 @@ async def test_directories_are_implied_listed_and_deleted_recursively(
         assert {s.name for s in await fs.list(root)} == {"metadata", "offsets"}
 
 
+async def test_any_utf8_name_is_a_path_stored_listed_renamed_and_deleted(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: names a key cannot hold as they are: spaces, Spark's %XX escapes, "=",
+    ":", non-ASCII letters, and a name that looks like an escape (":3A"). Must hold:
+    each is written, read back, listed under its own name (paged too), renamed and
+    deleted; names that differ only where they are escaped stay apart."""
+    root = f"{_root(rng)}/tbl"
+    names = [
+        "day=2026-11-27 10%3A00",
+        "city=S%C3%A3o Paulo",
+        "a b",
+        "a:b",
+        "a:3Ab",
+        "é",
+        "日本語.parquet",
+        "100%",
+    ]
+    async with FsClient(ring.cluster.addresses[1], ring.secret) as fs:
+        for index, name in enumerate(names):
+            await fs.write(f"{root}/{name}/part-{index}", name.encode())
+        for address in ring.cluster.addresses:
+            async with FsClient(address, ring.secret) as other:
+                assert sorted(s.name for s in await other.list(root)) == sorted(names)
+                paged = await other.list(root, page_entries=3)
+                assert sorted(s.name for s in paged) == sorted(names)
+        for index, name in enumerate(names):
+            child = f"{root}/{name}/part-{index}"
+            assert await fs.read(child) == name.encode()
+            assert [s.path for s in await fs.list(f"{root}/{name}")] == [child]
+        await fs.rename(f"{root}/a b/part-2", f"{root}/a:b/moved %20")
+        assert await fs.read(f"{root}/a:b/moved %20") == b"a b"
+        assert {s.name for s in await fs.list(f"{root}/a:b")} == {"part-3", "moved %20"}
+        assert await fs.read(f"{root}/a:3Ab/part-4") == b"a:3Ab"
+        assert await fs.delete(f"{root}/é", recursive=True) == 2
+        assert "é" not in {s.name for s in await fs.list(root)}
+
+
+def test_a_name_and_its_key_form_are_one_to_one() -> None:
+    """Must hold: every name's key form holds only key characters, reads back as the
+    name, and no other text reads as that name (one key per path)."""
+    for name in ["plain-name_1.txt", "a b", "%", ":", ":3A", "é", "日本", "k=v%2F", "a/b c"]:
+        key = fs_api.key_name(name)
+        assert re.fullmatch(r"[A-Za-z0-9._:=/-]*", key), key
+        assert fs_api.name_of_key(key) == name
+    for not_a_key in [":3a", ":41", ":", ":C3", "a:Z0"]:  # lowercase, escaped safe, cut
+        with pytest.raises(ProtocolError):
+            fs_api.name_of_key(not_a_key)
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -183,8 +234,11 @@ async def test_directories_are_implied_listed_and_deleted_recursively(
         "/v1/fs/stat/a/../b",
         "/v1/fs/stat/a/%2e%2e/b",
         "/v1/fs/stat/a%2Fb/..",
-        "/v1/fs/stat/sp%20ace",
+        "/v1/fs/stat/ctrl%01char",
+        "/v1/fs/stat/bad%FFutf8",
         "/v1/fs/list/" + "x" * 600,
+        "/v1/fs/list/" + "%C3%A9" * 100,  # 200 characters, 600 on the ring
+        "/v1/fs/list/a?after=" + "x" * 600,
         "/v1/fs/files/a?offset=-1",
         "/v1/fs/files/a?length=99999999999999999999",
     ],

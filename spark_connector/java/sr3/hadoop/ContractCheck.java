@@ -226,6 +226,22 @@ public final class ContractCheck {
       expect(Arrays.equals(readAll(new Path(base, "r/into/c")), bytes(4, 100)), "moved bytes");
       return "";
     });
+    check("any UTF-8 name: spaces, Spark's %XX escapes, '=', non-ASCII letters", () -> {
+      Path table = new Path(base, "names");
+      Path partition = new Path(table, "city=S%C3%A3o Paulo");
+      Path file = new Path(partition, "part 0 \u00e9.parquet");
+      write(file, bytes(6, 100), false);
+      expect(Arrays.equals(readAll(file), bytes(6, 100)), "bytes differ");
+      FileStatus[] listed = fs.listStatus(partition);
+      expect(listed.length == 1, "listed " + Arrays.toString(listed));
+      expect(listed[0].getPath().equals(fs.makeQualified(file)), "as " + listed[0].getPath());
+      String name = fs.listStatus(table)[0].getPath().getName();
+      expect(name.equals("city=S%C3%A3o Paulo"), "the partition listed as " + name);
+      Path moved = new Path(partition, "moved 100%");
+      expect(fs.rename(file, moved), "rename");
+      expect(fs.exists(moved) && !fs.exists(file), "moved");
+      return "";
+    });
     check("FileContext rename OVERWRITE replaces; NONE refuses", () -> {
       FileContext fc = FileContext.getFileContext(java.net.URI.create("sr3:///"), conf);
       write(new Path(base, "fc/tmp"), bytes(6, 5000), false);
