@@ -5,11 +5,17 @@ modification time and either its bytes (small files: most of what Spark writes, 
 request per replica) or the ``BlobRef`` of the chunks that hold them, written and
 durable before the record. A directory's holds its modification time.
 
-    value = b"SR3F" | u8 type | u64 size | u64 mtime_ms | u32 header length
+    value = b"SR3F" | u8 type and marker | u64 size | u64 mtime_ms
+            | [12 bytes: the rename's id, when marked] | u32 header length
             | header JSON (the blob, if any) | inline bytes
 
-Type, size and time come first, in ``STAT_BYTES``: a scan of a directory (which gives
-each record's first bytes) describes its entries without reading their records.
+Type, size, time and marker come first, in ``STAT_BYTES``: a scan of a directory (which
+gives each record's first bytes) describes its entries without reading their records.
+
+A directory rename marks what it moves (``Marker``, in the type byte's high bits): the
+copy at the destination as *incoming* and the original as *outgoing*, both naming the
+rename. Such an entry is visible by the state of the rename's intent record
+(``filesystem.moves``): incoming ones once it committed, outgoing ones until then.
 
 The record's refs are the chunk ids of the blob, so the chunks stay while it exists and
 are collected (after the grace) once its tombstone replaces it.
@@ -27,17 +33,53 @@ from ring.blobs import BlobRef
 from ring.errors import ProtocolError
 from ring.fs_api import FILE_BYTES_MAX, MTIME_MS_MAX
 
-__all__ = ["INLINE_BYTES_MAX", "STAT_BYTES", "Entry", "decode_entry", "decode_stat", "encode_entry"]
+__all__ = [
+    "INLINE_BYTES_MAX",
+    "STAT_BYTES",
+    "Entry",
+    "Head",
+    "Marker",
+    "decode_entry",
+    "decode_head",
+    "encode_entry",
+]
 
 MAGIC = b"SR3F"
 _STAT = struct.Struct(">BQQ")
 _HEADER = struct.Struct(">I")
-STAT_BYTES = len(MAGIC) + _STAT.size
+_MARKER_ID_BYTES = 12  # a rename's operation id: 24 hex digits
+# What a scan asks of each record: enough for a marked one; an unmarked one's head is
+# shorter (its header length and header follow, and are not read as a head).
+STAT_BYTES = len(MAGIC) + _STAT.size + _MARKER_ID_BYTES
+_UNMARKED_BYTES = len(MAGIC) + _STAT.size
 _TYPES: tuple[Literal["file", "directory"], ...] = ("file", "directory")
+_TYPE_BITS = 0x0F
+_INCOMING = 0x40
+_OUTGOING = 0x80
+MarkerKind = Literal["incoming", "outgoing"]
 HEADER_BYTES_MAX = 64 * 1024
 # Files up to this size live in their record; larger ones in chunks. A record holds at
 # most ``api.RECORD_BYTES_MAX``; keeping inline files well below it keeps rounds small.
 INLINE_BYTES_MAX = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """An entry a directory rename is moving: its copy at the destination (incoming)
+    or the original (outgoing); ``rename`` is the rename's operation id."""
+
+    kind: MarkerKind
+    rename: str
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What a record's first ``STAT_BYTES`` say: type, size, time, marker."""
+
+    type: Literal["file", "directory"]
+    size: int
+    mtime_ms: int
+    marker: Marker | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +91,7 @@ class Entry:
     mtime_ms: int
     inline: bytes = b""
     blob: BlobRef | None = None
+    marker: Marker | None = None
 
     @property
     def refs(self) -> tuple[str, ...]:
@@ -62,8 +105,15 @@ def encode_entry(entry: Entry) -> bytes:
     if entry.blob is not None:
         header["blob"] = entry.blob.to_json()
     raw = json.dumps(header, separators=(",", ":")).encode()
-    stat = _STAT.pack(_TYPES.index(entry.type), entry.size, entry.mtime_ms)
-    value = MAGIC + stat + _HEADER.pack(len(raw)) + raw + entry.inline
+    kind = _TYPES.index(entry.type)
+    marker = b""
+    if entry.marker is not None:
+        kind |= _INCOMING if entry.marker.kind == "incoming" else _OUTGOING
+        marker = bytes.fromhex(entry.marker.rename)
+        if len(marker) != _MARKER_ID_BYTES:
+            raise ProtocolError("a marker names a rename by its 24-digit operation id")
+    stat = _STAT.pack(kind, entry.size, entry.mtime_ms)
+    value = MAGIC + stat + marker + _HEADER.pack(len(raw)) + raw + entry.inline
     if len(value) > api.RECORD_BYTES_MAX:
         raise ProtocolError(f"a file record of {len(value)} bytes is above the record limit")
     return value
@@ -75,28 +125,39 @@ def _int(value: Any, name: str, maximum: int) -> int:
     return value
 
 
-def decode_stat(head: bytes) -> tuple[Literal["file", "directory"], int, int]:
-    """Type, size and modification time from a record's first ``STAT_BYTES``."""
-    if len(head) < STAT_BYTES or not head.startswith(MAGIC):
+def decode_head(head: bytes) -> Head:
+    """Type, size, modification time and marker from a record's first bytes (up to
+    ``STAT_BYTES``; fewer for an unmarked record)."""
+    if len(head) < _UNMARKED_BYTES or not head.startswith(MAGIC):
         raise ProtocolError("not a file record")
     kind, size, mtime_ms = _STAT.unpack_from(head, len(MAGIC))
-    if kind >= len(_TYPES):
-        raise ProtocolError("file record: type is 'file' or 'directory'")
-    return (
-        _TYPES[kind],
+    flags = kind & ~_TYPE_BITS
+    if (kind & _TYPE_BITS) >= len(_TYPES) or flags not in (0, _INCOMING, _OUTGOING):
+        raise ProtocolError("file record: type is 'file' or 'directory', one marker at most")
+    marker = None
+    if flags:
+        if len(head) < STAT_BYTES:
+            raise ProtocolError("file record: a marker without its rename")
+        rename = head[_UNMARKED_BYTES:STAT_BYTES].hex()
+        marker = Marker("incoming" if flags == _INCOMING else "outgoing", rename)
+    return Head(
+        _TYPES[kind & _TYPE_BITS],
         _int(size, "size", FILE_BYTES_MAX),
         _int(mtime_ms, "mtime_ms", MTIME_MS_MAX),
+        marker,
     )
 
 
 def decode_entry(value: bytes) -> Entry:
     """The entry a record value holds; ``ProtocolError`` for anything else (a record
     under the namespace's keys written by someone else, or damaged)."""
-    kind, size, mtime_ms = decode_stat(value)
-    if len(value) < STAT_BYTES + _HEADER.size:
+    head = decode_head(value[:STAT_BYTES])
+    kind, size, mtime_ms = head.type, head.size, head.mtime_ms
+    at = STAT_BYTES if head.marker is not None else _UNMARKED_BYTES
+    if len(value) < at + _HEADER.size:
         raise ProtocolError("not a file record")
-    (length,) = _HEADER.unpack_from(value, STAT_BYTES)
-    start = STAT_BYTES + _HEADER.size
+    (length,) = _HEADER.unpack_from(value, at)
+    start = at + _HEADER.size
     if length > HEADER_BYTES_MAX or start + length > len(value):
         raise ProtocolError("file record: bad header length")
     header = api.load_json(value[start : start + length])
@@ -110,4 +171,4 @@ def decode_entry(value: bytes) -> Entry:
         raise ProtocolError("file record: bytes inline and in chunks")
     if kind == "directory" and (blob is not None or inline or size):
         raise ProtocolError("file record: a directory holds no bytes")
-    return Entry(kind, size, mtime_ms, inline, blob)
+    return Entry(kind, size, mtime_ms, inline, blob, head.marker)

@@ -11,9 +11,12 @@ Semantics Spark's checkpoint code relies on (as on HDFS):
 
 - create-if-absent is exact: of many concurrent creates of one path, one wins and the
   others get 409 "exists" (the record's compare-and-set decides);
-- rename with overwrite replaces the destination in one record write, so a reader sees
-  the old file or the new one, never neither; the source is deleted after (a reader may
-  see both for that moment; a crash in between leaves both, never neither);
+- rename of a file with overwrite replaces the destination in one record write, so a
+  reader sees the old file or the new one, never neither; the source is deleted after
+  (a reader may see both for that moment; a crash in between leaves both, never neither);
+- rename of a directory moves its whole tree at one instant (``filesystem.moves``: an
+  intent, marked copies, a commit): a reader finds it whole at the source or whole at
+  the destination, and a crash mid-way is finished by the retry or stays invisible;
 - a file is never under another file, nor where a directory is.
 
 Every directory has a record: ``mkdirs`` writes it, and so does a create for each
@@ -44,17 +47,17 @@ from filesystem.entries import (
     STAT_BYTES,
     Entry,
     decode_entry,
-    decode_stat,
+    decode_head,
     encode_entry,
 )
-from recovery.executor import recover
+from filesystem.moves import MoveRefused, Renames, StateCache, rename_directory
+from filesystem.reads import read_entry
 from ring import fs_api
 from ring.blobs import BlobRef, Extent
 from ring.client import Client
 from ring.client.chunks import first_error
 from ring.client.options import RecordValue
 from ring.errors import (
-    DataUnavailable,
     RecordConflict,
     RecordUnknown,
     SR3Error,
@@ -75,11 +78,6 @@ LIST_PAGES_MAX = 8
 # Records a listing looks at under a subdirectory that has no record of its own.
 IMPLIED_CHECK_RECORDS = 64
 DELETE_PAGES_MAX = 100
-# A read of at least this many chunks goes through recovery's executor (a plan along
-# star, line or tree), a window of RECOVERY_WINDOW_CHUNKS at a time; fewer are fetched
-# directly.
-RECOVERY_CHUNKS_MIN = 4
-RECOVERY_WINDOW_CHUNKS = 16
 # Directories a coordinator saw marked, trusted without reading again for this long
 # (at most this many): creates in a hot directory check none of its ancestors. A
 # directory deleted through another peer meanwhile can get a file under it without its
@@ -115,6 +113,9 @@ class _Found:
     stat: Stat | None
     record: RecordValue | None = None
     entry: Entry | None = None
+    # A record there that readers do not see (a directory rename's copy before its
+    # commit, or its original after): writers take the path as free, at this version.
+    hidden: RecordValue | None = None
 
 
 class Namespace:
@@ -127,7 +128,8 @@ class Namespace:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
-        self._wall_ms = wall_ms
+        self.wall_ms = wall_ms
+        self.renames = Renames(client)
         self._monotonic = monotonic
         # Directories this coordinator saw marked, and when: creates under them skip the
         # checks of their ancestors for KNOWN_DIRECTORY_S.
@@ -146,6 +148,8 @@ class Namespace:
         if record is None:
             return _Found(None)
         entry = decode_entry(record.value)
+        if not await self.renames.cache().visible(entry.marker):
+            return _Found(None, hidden=record)
         stat = Stat(path, entry.type, entry.size, entry.mtime_ms, record.version)
         if entry.type == "directory":
             return _Found(stat)
@@ -184,56 +188,8 @@ class Namespace:
 
     async def read(self, entry: Entry, offset: int, length: int) -> AsyncIterator[bytes]:
         """The bytes ``[offset, offset + length)`` of a file, piece by piece."""
-        if entry.blob is None:
-            yield entry.inline[offset : offset + length]
-            return
-        end = offset + length
-        wanted: list[tuple[Extent, int, int]] = []
-        position = 0
-        for extent in entry.blob.extents:
-            start, stop = position, position + extent.length
-            position = stop
-            if stop <= offset or start >= end:
-                continue
-            wanted.append((extent, max(offset, start) - start, min(end, stop) - start))
-        if len(wanted) < RECOVERY_CHUNKS_MIN:
-            fetched = await self._fetch_directly([extent.chunk_id for extent, _lo, _hi in wanted])
-            for extent, lo, hi in wanted:
-                yield _slice(fetched, extent)[lo:hi]
-            return
-        for first in range(0, len(wanted), RECOVERY_WINDOW_CHUNKS):
-            window = wanted[first : first + RECOVERY_WINDOW_CHUNKS]
-            fetched = await self._recover([extent.chunk_id for extent, _lo, _hi in window])
-            for extent, lo, hi in window:
-                yield _slice(fetched, extent)[lo:hi]
-
-    async def _fetch_directly(self, chunk_ids: list[str]) -> dict[str, bytes]:
-        """A few chunks, each from the first of its replicas that serves it."""
-        fetched: dict[str, bytes] = {}
-        slots = asyncio.Semaphore(self.client.options.transfers_max)
-
-        async def one(chunk_id: str) -> None:
-            async with slots:
-                fetched[chunk_id] = await self.client.chunks.fetch_chunk(chunk_id)
-
-        try:
-            async with asyncio.TaskGroup() as group:
-                for chunk_id in dict.fromkeys(chunk_ids):
-                    group.create_task(one(chunk_id))
-        except BaseExceptionGroup as group_error:
-            raise first_error(group_error) from None
-        return fetched
-
-    async def _recover(self, chunk_ids: list[str]) -> dict[str, bytes]:
-        """Many chunks, along the topology the cost model picks for the holders found
-        and the network measured (what a restart's big reads are)."""
-        fetched: dict[str, bytes] = {}
-
-        async def sink(chunk_id: str, raw: bytes | memoryview) -> None:
-            fetched[chunk_id] = bytes(raw)
-
-        await recover(self.client, list(dict.fromkeys(chunk_ids)), "auto", sink)
-        return fetched
+        async for piece in read_entry(self.client, entry, offset, length):
+            yield piece
 
     async def children(
         self, path: str, *, after: str = "", limit: int = fs_api.LIST_LIMIT_MAX
@@ -252,6 +208,8 @@ class Namespace:
         cursor = fs_api.key_name(after) if after else ""
         floor = cursor.rstrip("/")
         found: dict[str, Stat] = {}
+        hidden: set[str] = set()
+        renames = self.renames.cache()
         for _page in range(LIST_PAGES_MAX):
             scan = await self.client.scan_records(
                 prefix, limit=limit, after=prefix + cursor if cursor else "", delimiter=True,
@@ -259,11 +217,15 @@ class Namespace:
             )  # fmt: skip
             for record in scan.records:
                 name = record.key[len(prefix) :]
-                kind, size, mtime_ms = decode_stat(record.head)
+                head = decode_head(record.head)
+                if not await renames.visible(head.marker):
+                    hidden.add(name)
+                    continue
                 child = f"{base}/{fs_api.name_of_key(name)}"
-                found[name] = Stat(child, kind, size, mtime_ms, record.version)
+                found[name] = Stat(child, head.type, head.size, head.mtime_ms, record.version)
             implied = [r[len(prefix) : -1] for r in scan.prefixes]
-            for name in await self._implied([n for n in implied if n not in found], prefix):
+            unknown = [n for n in implied if n not in found and n not in hidden]
+            for name in await self._implied(unknown, prefix, renames):
                 found[name] = Stat(f"{base}/{fs_api.name_of_key(name)}", "directory", 0, 0, 0)
             names = sorted(name for name in found if name > floor)
             if len(names) > limit:
@@ -275,19 +237,23 @@ class Namespace:
         names = sorted(n for n in found if n > floor)
         return [found[name] for name in names], True, fs_api.name_of_key(cursor)
 
-    async def _implied(self, names: list[str], prefix: str) -> list[str]:
+    async def _implied(self, names: list[str], prefix: str, renames: StateCache) -> list[str]:
         """Of the subdirectories some peer holds live records under but that have no
         record of their own (a create that raced a recursive delete, or a peer that
-        missed deletes), those under which a live record is chosen."""
+        missed deletes), those under which a live, visible record is chosen."""
         slots = asyncio.Semaphore(CHILD_READS_MAX)
         live: list[str] = []
 
         async def one(name: str) -> None:
             async with slots:
                 scan = await self.client.scan_records(
-                    f"{prefix}{name}/", limit=IMPLIED_CHECK_RECORDS
+                    f"{prefix}{name}/", limit=IMPLIED_CHECK_RECORDS, head_bytes=STAT_BYTES
                 )
-            if scan.records or scan.truncated:  # truncated: not known empty, so shown
+            for record in scan.records:
+                if await renames.visible(decode_head(record.head).marker):
+                    live.append(name)
+                    return
+            if scan.truncated:  # not known empty, so shown
                 live.append(name)
 
         async with asyncio.TaskGroup() as group:
@@ -310,11 +276,11 @@ class Namespace:
         while len(self._known) > KNOWN_DIRECTORIES_MAX:
             self._known.popitem(last=False)
 
-    def _forget_known(self, path: str) -> None:
+    def forget_known(self, path: str) -> None:
         for directory in [d for d in self._known if d == path or d.startswith(path + "/")]:
             del self._known[directory]
 
-    async def _make_parents(self, path: str) -> None:
+    async def make_parents(self, path: str) -> None:
         """Every directory above ``path`` is one: 409 "parent_is_file" where a file is,
         and a directory record made where none is, top down (so a directory is always
         marked, and only once the one above it is: stat and the checks here read one
@@ -341,11 +307,11 @@ class Namespace:
     async def _mark(self, directory: str) -> bool:
         """Write ``directory``'s record unless one is there; whether this wrote it
         (409 "parent_is_file" when a file is there)."""
-        value = encode_entry(Entry("directory", 0, self._wall_ms()))
+        value = encode_entry(Entry("directory", 0, self.wall_ms()))
         key = fs_api.path_key(directory)
         for _attempt in range(CAS_ATTEMPTS_MAX):
             current = await self.client.get_record(key, include_deleted=True)
-            if current is not None and not current.deleted:
+            if current is not None and not current.deleted and await self._visible(current):
                 if decode_entry(current.value).type == "file":
                     raise FsError(409, "parent_is_file", f"{directory} is a file")
                 return False
@@ -357,6 +323,10 @@ class Namespace:
                 continue
             return True
         raise FsError(503, "contention", f"{directory}: {CAS_ATTEMPTS_MAX} writers won")
+
+    async def _visible(self, record: RecordValue) -> bool:
+        """Whether readers see the entry ``record`` holds (a directory rename's marks)."""
+        return await self.renames.cache().visible(decode_entry(record.value).marker)
 
     def _check_not_known_directory(self, path: str) -> None:
         if self._is_known(path):
@@ -387,9 +357,12 @@ class Namespace:
                     if attempt == 0 and known is not False
                     else (await self.client.get_record(key, include_deleted=True))
                 )
-                if current is not None and current.op == op and not current.deleted:
+                present = (
+                    current is not None and not current.deleted and await self._visible(current)
+                )
+                if current is not None and current.op == op and present:
                     return _stat_of(path, current)
-                if current is not None and not current.deleted:
+                if current is not None and present:
                     if decode_entry(current.value).type == "directory":
                         raise FsError(409, "is_directory", f"{path} is a directory")
                     if not overwrite:
@@ -411,7 +384,7 @@ class Namespace:
         if path == ROOT:
             raise FsError(409, "is_directory", "the root is a directory")
         self._check_not_known_directory(path)
-        await self._make_parents(path)
+        await self.make_parents(path)
         entry = await self._upload(body)
         return await self._store(path, entry, overwrite=overwrite, op=op)
 
@@ -454,11 +427,11 @@ class Namespace:
                 if size > INLINE_BYTES_MAX:
                     await cut(final=False)
             if size <= INLINE_BYTES_MAX:
-                return Entry("file", size, self._wall_ms(), bytes(buffer))
+                return Entry("file", size, self.wall_ms(), bytes(buffer))
             await cut(final=True)
         extents = [Extent(ids[i], 0, length) for i, length in enumerate(pieces)]
         blob = BlobRef(size, hasher.hexdigest(), tuple(extents))
-        return Entry("file", size, self._wall_ms(), b"", blob)
+        return Entry("file", size, self.wall_ms(), b"", blob)
 
     async def delete(self, path: str, *, recursive: bool) -> int:
         """Remove the file or directory at ``path``; how many entries went."""
@@ -470,9 +443,9 @@ class Namespace:
         if found.record is not None:
             return await self._delete_key(fs_api.path_key(path), found.record.version, "file")
         prefix = fs_api.entries_prefix(path)
-        if not recursive and await self._holds_anything(prefix):
+        if not recursive and await self.holds_anything(prefix):
             raise FsError(409, "not_empty", f"{path} is a directory that is not empty")
-        self._forget_known(path)
+        self.forget_known(path)
         removed = 0
         slots = asyncio.Semaphore(CHILD_READS_MAX)
 
@@ -493,7 +466,7 @@ class Namespace:
             try:
                 async with asyncio.TaskGroup() as group:
                     for record in scan.records:
-                        kind = decode_stat(record.head)[0]
+                        kind = decode_head(record.head).type
                         group.create_task(one(record.key, record.version, kind))
             except BaseExceptionGroup as group_error:
                 raise first_error(group_error) from None
@@ -507,14 +480,18 @@ class Namespace:
             removed += await self._delete_key(key, found.stat.version, "directory")
         return max(removed, 1)
 
-    async def _holds_anything(self, prefix: str) -> bool:
+    async def holds_anything(self, prefix: str) -> bool:
         """Whether a live record is under ``prefix`` (past any run of deleted ones, up to
         ``LIST_PAGES_MAX`` pages: beyond that, taken as holding something)."""
         cursor = ""
+        renames = self.renames.cache()
         for _page in range(LIST_PAGES_MAX):
-            scan = await self.client.scan_records(prefix, limit=1, after=cursor)
-            if scan.records:
-                return True
+            scan = await self.client.scan_records(
+                prefix, limit=IMPLIED_CHECK_RECORDS, after=cursor, head_bytes=STAT_BYTES
+            )
+            for record in scan.records:
+                if await renames.visible(decode_head(record.head).marker):
+                    return True
             if not scan.truncated:
                 return False
             cursor = scan.last
@@ -553,16 +530,22 @@ class Namespace:
             self.find(source),
         )
         if done is not None and done.op == op and not done.deleted:
-            # A retry of a rename that went through: its source may still be there.
-            if found.record is not None:
-                await self._delete_source(source, found.record.version)
-            return _stat_of(target, done)
-        if found.stat is None:
-            raise _not_found(source)
-        if found.entry is None or found.record is None:
-            raise FsError(409, "is_directory", f"{source} is a directory (renamed file by file)")
+            there = decode_entry(done.value)
+            if there.marker is None and there.type == "file":
+                # A retry of a rename that went through: its source may still be there.
+                if found.record is not None:
+                    await self._delete_source(source, found.record.version)
+                return _stat_of(target, done)
+        if found.record is None or found.entry is None:  # a directory, or nothing (moved?)
+            exists = found.stat is not None
+            try:
+                return await rename_directory(
+                    self, source, target, exists, op=op, overwrite=overwrite
+                )
+            except MoveRefused as refused:
+                raise FsError(refused.status, refused.code, str(refused)) from None
         self._check_not_known_directory(target)
-        await self._make_parents(target)
+        await self.make_parents(target)
         stat = await self._store(target, found.entry, overwrite=overwrite, op=op, known=done)
         await self._delete_source(source, found.record.version)
         return stat
@@ -579,7 +562,7 @@ class Namespace:
         """Make ``path`` a directory (its parents are implied); False if it was one."""
         if path == ROOT:
             return False
-        await self._make_parents(path)
+        await self.make_parents(path)
         found = await self.find(path)
         if found.stat is not None:
             if found.stat.type == "file":
@@ -588,13 +571,6 @@ class Namespace:
         made = await self._mark(path)
         self._note_known(path)
         return made
-
-
-def _slice(fetched: dict[str, bytes], extent: Extent) -> bytes:
-    raw = fetched[extent.chunk_id]
-    if extent.offset + extent.length > len(raw):
-        raise DataUnavailable([extent.chunk_id], ["the chunk is shorter than its extent"])
-    return raw[extent.offset : extent.offset + extent.length]
 
 
 def _stat_of(path: str, record: RecordValue) -> Stat:

@@ -1,0 +1,442 @@
+"""Directory rename: a tree of records moved so that a reader sees all of it at the source
+or all of it at the destination, never part, and a crash at any point leaves a state the
+next attempt completes.
+
+Every path is a record of its own (``filesystem.entries``), so a directory rename moves
+many records; it cannot be one write. It is an intent record, then marked copies, then a
+commit, then clean-up:
+
+1. **Intent**: the record ``fsx/renames/<op>`` (``op``: the rename's operation id, the same
+   on every retry of the request) says ``copying`` from the source to the destination.
+2. **Marks and copies**, entry by entry (the source directory's own record first, then
+   everything under it): the original is rewritten *outgoing* (same entry, marked with
+   the rename), then a copy is created at the destination *incoming* (same bytes or
+   chunks: chunks are shared, nothing is copied but records).
+3. **Commit**: one compare-and-set of the intent from ``copying`` to ``committed``. That is
+   the instant the whole tree moves: an incoming entry is visible exactly when its
+   rename committed, an outgoing one exactly until then (``Renames.visible``). So before
+   the commit a reader finds the source whole and nothing at the destination; after it,
+   the destination whole and nothing at the source.
+4. **Clean-up**: incoming copies lose their mark, outgoing originals are deleted, then the
+   intent record goes. Readers do not depend on it: a marked entry is already seen right.
+
+A retry of the request (the clients retry through another peer when the one they asked
+dies) finds the intent and goes on from where it is: copying again is idempotent, a
+committed rename is cleaned up. A rename abandoned mid-copy (the client gone too) stays
+invisible: its source keeps being read as it was and its copies are hidden; a recursive
+delete of either tree, or a later write at those paths, removes them. Another rename of
+the same source aborts an abandoned one first (a compare-and-set of its intent to
+``aborted``, which a commit of it cannot pass), so one rename of a tree wins, never two.
+
+Not given (as HDFS gives it under its namespace lock): a file created under the source
+while the rename runs may stay at the source; writes into the destination before the
+commit are not supported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from filesystem.entries import Entry, Marker, decode_entry, encode_entry
+from ring import api, fs_api
+from ring.client import Client
+from ring.client.chunks import first_error
+from ring.client.options import RecordValue
+from ring.errors import ProtocolError, RecordConflict, RecordUnknown
+from ring.fs_api import Stat
+
+if TYPE_CHECKING:
+    from filesystem.namespace import Namespace
+
+__all__ = [
+    "INTENT_KEY_PREFIX",
+    "Intent",
+    "MoveRefused",
+    "Renames",
+    "StateCache",
+    "move_directory",
+    "rename_directory",
+    "step_op",
+]
+
+INTENT_KEY_PREFIX = "fsx/renames/"
+IntentState = Literal["copying", "committed", "aborted"]
+_STATES: tuple[IntentState, ...] = ("copying", "committed", "aborted")
+# Entries one directory rename moves (the source and everything under it): a bigger tree
+# is refused before anything is marked.
+MOVE_ENTRIES_MAX = 10_000
+# Records marked, copied or cleaned at once.
+MOVES_AT_ONCE = 16
+# Final states (committed, aborted) of renames a coordinator remembers.
+FINAL_STATES_MAX = 4096
+CAS_ATTEMPTS_MAX = 8
+
+
+class MoveRefused(Exception):
+    """The rename cannot go on: its HTTP status, error code and message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    source: str
+    target: str
+    state: IntentState
+    started_ms: int
+
+    def encode(self) -> bytes:
+        body = {
+            "from": self.source,
+            "to": self.target,
+            "state": self.state,
+            "started_ms": self.started_ms,
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Intent:
+        body = api.load_json(data)
+        if not isinstance(body, dict) or body.get("state") not in _STATES:
+            raise ProtocolError("not a rename intent")
+        started = body.get("started_ms")
+        if isinstance(started, bool) or not isinstance(started, int) or started < 0:
+            raise ProtocolError("rename intent: started_ms is a count of milliseconds")
+        source = fs_api.validate_path(str(body.get("from", "")))
+        target = fs_api.validate_path(str(body.get("to", "")))
+        return cls(source, target, body["state"], started)
+
+
+def intent_key(op: str) -> str:
+    return INTENT_KEY_PREFIX + op
+
+
+def step_op(op: str, step: str, key: str) -> str:
+    """The operation id of one write of rename ``op`` (``step`` of record ``key``): the
+    same on every attempt, so a retried step is recognized as done (the records layer
+    takes a write whose op the record already holds as done), and distinct per step."""
+    return hashlib.blake2b(f"{op}/{step}/{key}".encode(), digest_size=12).hexdigest()
+
+
+class Renames:
+    """Whether a marked entry is visible: by its rename's intent, read once per reader
+    call (``StateCache``) and remembered once final."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._final: OrderedDict[str, IntentState] = OrderedDict()
+
+    async def state(self, rename: str) -> IntentState | None:
+        """The rename's state; None when it has no intent (never started, or cleaned up:
+        then no entry names it any more, or one that does was never committed)."""
+        final = self._final.get(rename)
+        if final is not None:
+            return final
+        record = await self.client.get_record(intent_key(rename))
+        if record is None:
+            return None
+        state = Intent.decode(record.value).state
+        if state != "copying":
+            self._final[rename] = state
+            while len(self._final) > FINAL_STATES_MAX:
+                self._final.popitem(last=False)
+        return state
+
+    def cache(self) -> StateCache:
+        return StateCache(self)
+
+
+class StateCache:
+    """One reader call's view of renames: each one's state read at most once, so a
+    listing sees a rename wholly before or wholly after its commit."""
+
+    def __init__(self, renames: Renames) -> None:
+        self._renames = renames
+        self._seen: dict[str, IntentState | None] = {}
+
+    async def visible(self, marker: Marker | None) -> bool:
+        if marker is None:
+            return True
+        if marker.rename not in self._seen:
+            self._seen[marker.rename] = await self._renames.state(marker.rename)
+        committed = self._seen[marker.rename] == "committed"
+        return committed if marker.kind == "incoming" else not committed
+
+
+@dataclass(frozen=True, slots=True)
+class _Moving:
+    source: str  # a path under (or at) the rename's source
+    record: RecordValue
+    entry: Entry
+
+
+def _mapped(path: str, intent: Intent) -> str:
+    return intent.target + path[len(intent.source) :]
+
+
+async def _each(items: list[_Moving], action: Callable[[_Moving], Awaitable[None]]) -> None:
+    slots = asyncio.Semaphore(MOVES_AT_ONCE)
+
+    async def one(item: _Moving) -> None:
+        async with slots:
+            await action(item)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for item in items:
+                group.create_task(one(item))
+    except BaseExceptionGroup as group_error:
+        raise first_error(group_error) from None
+
+
+async def _tree(ns: Namespace, root: str) -> list[_Moving]:
+    """The record at ``root`` and every record under it, read whole (tombstones left
+    out), at most ``MOVE_ENTRIES_MAX``."""
+    keys = [fs_api.path_key(root)]
+    prefix = fs_api.entries_prefix(root)
+    cursor = ""
+    while True:
+        scan = await ns.client.scan_records(prefix, limit=fs_api.LIST_LIMIT_MAX, after=cursor)
+        keys += [record.key for record in scan.records]
+        if len(keys) > MOVE_ENTRIES_MAX:
+            raise MoveRefused(
+                409, "too_large", f"{root}: a directory rename moves at most "
+                f"{MOVE_ENTRIES_MAX} files and directories",
+            )  # fmt: skip
+        if not scan.truncated:
+            break
+        cursor = scan.last
+    found: list[_Moving] = []
+
+    async def read(key: str) -> None:
+        record = await ns.client.get_record(key)
+        if record is not None:
+            path = "/" + fs_api.name_of_key(key[len(fs_api.PATH_KEY_PREFIX) :])
+            found.append(_Moving(path, record, decode_entry(record.value)))
+
+    slots = asyncio.Semaphore(MOVES_AT_ONCE)
+
+    async def bounded(key: str) -> None:
+        async with slots:
+            await read(key)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for key in keys:
+                group.create_task(bounded(key))
+    except BaseExceptionGroup as group_error:
+        raise first_error(group_error) from None
+    return sorted(found, key=lambda moving: moving.source)
+
+
+async def _abort(ns: Namespace, rename: str) -> bool:
+    """Abort another rename that is still copying; False when it committed first."""
+    key = intent_key(rename)
+    for _attempt in range(CAS_ATTEMPTS_MAX):
+        record = await ns.client.get_record(key)
+        if record is None:
+            return True
+        intent = Intent.decode(record.value)
+        if intent.state != "copying":
+            return intent.state == "aborted"
+        try:
+            await ns.client.put_record(
+                key, replace(intent, state="aborted").encode(), expected_version=record.version
+            )
+        except (RecordConflict, RecordUnknown):
+            continue
+        return True
+    raise MoveRefused(503, "contention", f"rename {rename}: {CAS_ATTEMPTS_MAX} writers won")
+
+
+class _Move:
+    """One directory rename, driven by its intent."""
+
+    def __init__(self, ns: Namespace, op: str, intent: Intent, version: int) -> None:
+        self.ns = ns
+        self.op = op
+        self.intent = intent
+        self.version = version  # of the intent record
+
+    async def copy(self) -> None:
+        """Mark every entry of the source outgoing and copy it incoming (idempotent)."""
+        await self.ns.make_parents(self.intent.target)
+        await _each(await _tree(self.ns, self.intent.source), self._move_one)
+
+    async def _move_one(self, moving: _Moving) -> None:
+        entry = moving.entry
+        if entry.marker is not None and entry.marker.rename != self.op:
+            other = entry.marker
+            if other.kind == "incoming":
+                if await self.ns.renames.state(other.rename) != "committed":
+                    return  # another rename's hidden copy: not an entry of this tree
+            elif not await _abort(self.ns, other.rename):
+                return  # moved away by another rename that committed: not here any more
+        marked = replace(entry, marker=Marker("outgoing", self.op))
+        if entry.marker != marked.marker:
+            await self._write(fs_api.path_key(moving.source), marked, moving.record.version)
+        await self._copy(_mapped(moving.source, self.intent), replace(entry, marker=None))
+
+    async def _write(self, key: str, entry: Entry, version: int) -> None:
+        try:
+            await self.ns.client.put_record(
+                key, encode_entry(entry), expected_version=version, refs=entry.refs,
+                op=step_op(self.op, "outgoing", key),
+            )  # fmt: skip
+        except (RecordConflict, RecordUnknown):
+            current = await self.ns.client.get_record(key)
+            if current is not None and decode_entry(current.value).marker == entry.marker:
+                return  # marked by another attempt of this rename
+            # Changed under the rename (written or deleted meanwhile): the tree is not
+            # what it was; this rename gives way.
+            raise MoveRefused(
+                409, "changed", f"{key[len(fs_api.PATH_KEY_PREFIX) - 1 :]} changed while "
+                "its directory was renamed; rename again",
+            ) from None  # fmt: skip
+
+    async def _copy(self, path: str, entry: Entry) -> None:
+        key = fs_api.path_key(path)
+        incoming = replace(entry, marker=Marker("incoming", self.op))
+        for _attempt in range(CAS_ATTEMPTS_MAX):
+            current = await self.ns.client.get_record(key, include_deleted=True)
+            expected = 0
+            if current is not None:
+                expected = current.version
+                if not current.deleted:
+                    there = decode_entry(current.value)
+                    if there.marker == incoming.marker:
+                        return  # copied by an earlier attempt
+                    if await self.ns.renames.cache().visible(there.marker):
+                        raise MoveRefused(409, "exists", f"{path} exists")
+            try:
+                await self.ns.client.put_record(
+                    key, encode_entry(incoming), expected_version=expected,
+                    refs=incoming.refs, op=step_op(self.op, "incoming", key),
+                )  # fmt: skip
+            except (RecordConflict, RecordUnknown):
+                continue
+            return
+        raise MoveRefused(503, "contention", f"{path}: {CAS_ATTEMPTS_MAX} writers won")
+
+    async def commit(self) -> None:
+        key = intent_key(self.op)
+        try:
+            await self.ns.client.put_record(
+                key, replace(self.intent, state="committed").encode(), expected_version=self.version
+            )
+        except (RecordConflict, RecordUnknown):
+            record = await self.ns.client.get_record(key)
+            state = None if record is None else Intent.decode(record.value).state
+            if state != "committed":
+                raise MoveRefused(
+                    409, "changed", f"the rename of {self.intent.source} was abandoned: "
+                    "another rename of it won; rename again",
+                ) from None  # fmt: skip
+        self.intent = replace(self.intent, state="committed")
+
+    async def settle(self) -> None:
+        """Clean up after the commit (marks cleared, originals deleted) or the abort
+        (copies deleted, marks cleared), then drop the intent."""
+        committed = self.intent.state == "committed"
+        ours_in = [m for m in await _tree(self.ns, self.intent.target) if self._ours(m, "incoming")]
+        ours_out = [
+            m for m in await _tree(self.ns, self.intent.source) if self._ours(m, "outgoing")
+        ]
+
+        async def clear(moving: _Moving) -> None:
+            key = fs_api.path_key(moving.source)
+            # Changed meanwhile (RecordConflict): whoever wrote it decided what it is.
+            with contextlib.suppress(RecordConflict, RecordUnknown):
+                await self.ns.client.put_record(
+                    key, encode_entry(replace(moving.entry, marker=None)),
+                    expected_version=moving.record.version, refs=moving.entry.refs,
+                    op=step_op(self.op, "settled", key),
+                )  # fmt: skip
+
+        async def delete(moving: _Moving) -> None:
+            key = fs_api.path_key(moving.source)
+            with contextlib.suppress(RecordConflict, RecordUnknown):
+                await self.ns.client.delete_record(key, expected_version=moving.record.version)
+
+        await _each(ours_in, clear if committed else delete)
+        await _each(ours_out, delete if committed else clear)
+        record = await self.ns.client.get_record(intent_key(self.op))
+        if record is not None:
+            with contextlib.suppress(RecordConflict, RecordUnknown):
+                await self.ns.client.delete_record(
+                    intent_key(self.op), expected_version=record.version
+                )
+
+    def _ours(self, moving: _Moving, kind: str) -> bool:
+        marker = moving.entry.marker
+        return marker is not None and marker.rename == self.op and marker.kind == kind
+
+
+async def move_directory(ns: Namespace, source: str, target: str, *, op: str) -> Stat:
+    """Rename the directory ``source`` to ``target`` (which must not exist), or go on
+    with the rename ``op`` started; the stat of ``target``."""
+    key = intent_key(op)
+    record = await ns.client.get_record(key)
+    if record is None:
+        intent = Intent(source, target, "copying", ns.wall_ms())
+        try:
+            version = await ns.client.put_record(key, intent.encode(), expected_version=0)
+        except (RecordConflict, RecordUnknown):
+            record = await ns.client.get_record(key)
+            if record is None:
+                raise MoveRefused(503, "contention", f"rename {op}: retry") from None
+    if record is not None:
+        intent, version = Intent.decode(record.value), record.version
+        if (intent.source, intent.target) != (source, target):
+            raise ProtocolError(f"op {op} names the rename of {intent.source} to {intent.target}")
+    move = _Move(ns, op, intent, version)
+    if intent.state == "copying":
+        try:
+            await move.copy()
+        except MoveRefused:
+            if await _abort(ns, op):
+                move.intent = replace(intent, state="aborted")
+                await move.settle()
+            raise
+        await move.commit()
+    elif intent.state == "aborted":
+        await move.settle()
+        raise MoveRefused(409, "changed", f"the rename of {source} was abandoned; rename again")
+    await move.settle()
+    return await ns.stat(target)
+
+
+async def rename_directory(
+    ns: Namespace, source: str, target: str, source_exists: bool, *, op: str, overwrite: bool
+) -> Stat:
+    """``move_directory``, for a source that is a directory (or was: a retry of a rename
+    that committed finds it moved), onto a target that is free (or, with ``overwrite``,
+    an empty directory, which goes first, as in HDFS)."""
+    if await ns.client.get_record(intent_key(op)) is None:
+        if not source_exists and not await ns.holds_anything(fs_api.entries_prefix(source)):
+            # A retry of this rename after it was done and cleaned up finds the
+            # destination's record last written by its clean-up.
+            key = fs_api.path_key(target)
+            done = await ns.client.get_record(key)
+            if done is not None and done.op == step_op(op, "settled", key):
+                return await ns.stat(target)
+            raise MoveRefused(404, "not_found", f"no such file or directory: {source}")
+        there = await ns.find(target)
+        if there.stat is not None:
+            if not overwrite:
+                raise MoveRefused(409, "exists", f"{target} exists")
+            if there.stat.type == "file":
+                raise MoveRefused(409, "exists", f"{target} is a file; a directory replaces none")
+            await ns.delete(target, recursive=False)
+    ns.forget_known(source)
+    return await move_directory(ns, source, target, op=op)
