@@ -150,7 +150,7 @@ class Namespace:
         entry = decode_entry(record.value)
         if not await self.renames.cache().visible(entry.marker):
             return _Found(None, hidden=record)
-        stat = Stat(path, entry.type, entry.size, entry.mtime_ms, record.version)
+        stat = Stat(path, entry.type, entry.size, entry.mtime_ms, record.version, _checksum(entry))
         if entry.type == "directory":
             return _Found(stat)
         return _Found(stat, record, entry)
@@ -576,3 +576,13 @@ class Namespace:
 def _stat_of(path: str, record: RecordValue) -> Stat:
     entry = decode_entry(record.value)
     return Stat(path, "file", entry.size, entry.mtime_ms, record.version)
+
+
+def _checksum(entry: Entry) -> str:
+    """A file's content checksum (``fs_api.CHECKSUM_ALGORITHM``): its blob's digest, or
+    that of its inline bytes."""
+    if entry.type != "file":
+        return ""
+    if entry.blob is not None:
+        return entry.blob.digest
+    return xxhash.xxh3_128(entry.inline).hexdigest()

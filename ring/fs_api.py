@@ -13,7 +13,8 @@ fs``) talks to one peer and fails over to another.
     GET    /v1/fs/files/{path}[?offset=N&length=M]   the bytes (a range: M at most to
                                                the end); X-SR3-File-Size, X-SR3-Mtime-Ms;
                                                404 "not_found", 409 "is_directory"
-    GET    /v1/fs/stat/{path}                  stat; 404 "not_found"
+    GET    /v1/fs/stat/{path}                  stat (a file's with "checksum"); 404
+                                               "not_found"
     GET    /v1/fs/list/{path}[?after=NAME&limit=N]   {"path", "type", "entries": [stat
                                                with "name"], "truncated"}: the direct
                                                children by name after NAME (of a file:
@@ -30,7 +31,9 @@ PUT and rename take ``op=<24 lowercase hex digits>``, the operation's id, the sa
 every retry: a retry that finds its operation already done answers as the first attempt
 would have (a create-if-absent that succeeded is not then refused as "exists").
 
-A stat is ``{"path", "type": "file"|"directory", "size", "mtime_ms", "version"}``. Paths
+A stat is ``{"path", "type": "file"|"directory", "size", "mtime_ms", "version"}``, and
+a file's stat (not a listing's entries) ``"checksum"``: ``CHECKSUM_ALGORITHM`` of its
+bytes, hex, equal for equal bytes (``distcp -update`` compares them). Paths
 are absolute, ``/``-separated, without empty, ``.`` or ``..`` components; a component is
 any UTF-8 text without control characters (spaces, ``%``, ``=`` and non-ASCII letters
 included: Spark escapes partition values as ``%XX``), at most ``COMPONENT_BYTES_MAX``
@@ -86,6 +89,7 @@ __all__ = [
     "PATH_CHARS_MAX",
     "PATH_KEY_PREFIX",
     "COMPONENT_BYTES_MAX",
+    "CHECKSUM_ALGORITHM",
     "ROOT",
     "STREAMED_BODY_ROUTES",
     "Stat",
@@ -130,6 +134,9 @@ MTIME_MS_MAX = 10**15
 _KEY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._=-")
 _ESCAPED = re.compile(r":([0-9A-F]{2})")
 OP_PATTERN = re.compile(r"^[0-9a-f]{24}$")
+# A file's checksum in a stat: xxh3-128 of its bytes (what a chunked file's blob records).
+CHECKSUM_ALGORITHM = "XXH3-128"
+_CHECKSUM = re.compile(r"^[0-9a-f]{32}$")
 
 FileType = Literal["file", "directory"]
 
@@ -272,6 +279,9 @@ class Stat:
     size: int
     mtime_ms: int
     version: int
+    # A file's content checksum (CHECKSUM_ALGORITHM, hex): equal bytes, equal checksums;
+    # "" for a directory, and in listings (a stat reads it from the file's record).
+    checksum: str = ""
 
     @property
     def name(self) -> str:
@@ -279,13 +289,16 @@ class Stat:
 
 
 def stat_body(stat: Stat) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "path": stat.path,
         "type": stat.type,
         "size": stat.size,
         "mtime_ms": stat.mtime_ms,
         "version": stat.version,
     }
+    if stat.checksum:
+        body["checksum"] = stat.checksum
+    return body
 
 
 def _bounded(value: Any, name: str, maximum: int) -> int:
@@ -307,4 +320,11 @@ def parse_stat(answer: Any) -> Stat:
         _bounded(answer.get("size"), "size", FILE_BYTES_MAX),
         _bounded(answer.get("mtime_ms"), "mtime_ms", MTIME_MS_MAX),
         _bounded(answer.get("version"), "version", 2**53 - 1),
+        _checksum(answer.get("checksum", "")),
     )
+
+
+def _checksum(value: Any) -> str:
+    if not isinstance(value, str) or (value and _CHECKSUM.fullmatch(value) is None):
+        raise ProtocolError(f"a checksum is {CHECKSUM_ALGORITHM} as 32 lowercase hex digits")
+    return value

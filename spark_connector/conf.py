@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from xml.sax.saxutils import escape as xml_escape
 
 from ring.auth import is_credential, parse_credential, scoped_credential
 from ring.client.view import parse_seeds
@@ -24,7 +25,10 @@ from ring.tls import ClientTls
 from spark_connector.fs_checkpoints import fs_path_of
 from spark_connector.jar import JAR_CLASSES, fs_jar
 
-__all__ = ["CREDENTIAL_S_DEFAULT", "spark_conf"]
+__all__ = ["CREDENTIAL_S_DEFAULT", "core_site_xml", "spark_conf"]
+
+# Spark hands its spark.hadoop.* confs to Hadoop without the prefix.
+HADOOP_PREFIX = "spark.hadoop."
 
 CREDENTIAL_S_DEFAULT = 30 * 86400
 CREDENTIAL_S_MAX = 366 * 86400
@@ -96,3 +100,18 @@ def _tls_conf(tls: ClientTls) -> dict[str, str]:
         conf["spark.hadoop.fs.sr3.tls.cert"] = read(tls.cert_file)
         conf["spark.hadoop.fs.sr3.tls.key"] = read(tls.key_file)
     return conf
+
+
+def core_site_xml(conf: dict[str, str]) -> str:
+    """Hadoop's ``core-site.xml`` holding the ``spark.hadoop.*`` keys of ``conf`` (as
+    ``spark_conf`` gives them), for Hadoop's own tools: ``hadoop fs`` (``FsShell``) and
+    ``distcp`` with ``HADOOP_CONF_DIR`` at its folder and the jar on the classpath."""
+    lines = ['<?xml version="1.0" encoding="UTF-8"?>', "<configuration>"]
+    for key, value in conf.items():
+        if key.startswith(HADOOP_PREFIX):
+            name = xml_escape(key.removeprefix(HADOOP_PREFIX))
+            lines.append(
+                f"  <property><name>{name}</name><value>{xml_escape(value)}</value></property>"
+            )
+    lines.append("</configuration>")
+    return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import xxhash
 from support import HttpProbe, MakeCluster
 from yarl import URL
 
@@ -58,6 +59,9 @@ async def test_files_read_back_whole_and_by_ranges_from_any_peer(
             assert await fs.read(f"{root}/big/large.bin") == large
             stat = await fs.stat(f"{root}/big/large.bin")
             assert (stat.type, stat.size) == ("file", len(large))
+            # The content checksum (distcp -update compares them): equal bytes, equal sums.
+            assert stat.checksum == xxhash.xxh3_128(large).hexdigest()
+            assert (await fs.stat(f"{root}/small")).checksum == xxhash.xxh3_128(small).hexdigest()
             for _ in range(5):
                 offset = rng.randrange(len(large))
                 length = rng.randrange(1, 300_000)

@@ -81,7 +81,9 @@ def test_the_filesystem_contract_holds_through_hadoop(
     )  # fmt: skip
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert len([line for line in lines if line.startswith("PASS ")]) >= 20, lines
+    assert len([line for line in lines if line.startswith("PASS ")]) >= 22, lines
+    assert any(line.startswith("PASS rename of a directory") for line in lines), lines
+    assert any(line.startswith("PASS getFileChecksum") for line in lines), lines
     assert any(line.startswith("PASS any UTF-8 name") for line in lines), lines
     assert len([line for line in lines if line.startswith("PASS manager: ")]) == 6, lines
     assert not [line for line in lines if line.startswith("FAIL ")], lines

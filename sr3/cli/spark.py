@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -241,15 +242,21 @@ def _batches(batch_ids: list[int]) -> str:
 @click.option("--credential", envvar="SR3_CREDENTIAL",
               help="Use this scoped credential instead of minting one.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="The conf as a JSON object.")
+@click.option("--core-site", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write Hadoop's core-site.xml here (mode 0600: it holds the "
+                   "credential), for `hadoop fs` and distcp.")  # fmt: skip
 @ring_options
 @fail_cleanly
 def spark_conf_command(
-    prefix: str, expires: str, credential: str | None, as_json: bool, ring: str | None,
-    secret_file: Path | None,
+    prefix: str, expires: str, credential: str | None, as_json: bool, core_site: Path | None,
+    ring: str | None, secret_file: Path | None,
 ) -> None:  # fmt: skip
     """Print the --conf flags spark-submit needs to checkpoint to sr3:// (the jar, the
-    FileSystem, the seeds and a credential scoped to --prefix; never the secret)."""
-    from spark_connector.conf import spark_conf
+    FileSystem, the seeds and a credential scoped to --prefix; never the secret).
+
+    With --core-site, Hadoop's own tools reach sr3:// too: put the file's folder in
+    HADOOP_CONF_DIR (or on the classpath) and the jar (spark.jars) on the classpath."""
+    from spark_connector.conf import core_site_xml, spark_conf
     from sr3.cli.data import duration_s
 
     if credential:
@@ -259,6 +266,11 @@ def spark_conf_command(
         conf = spark_conf(
             settings.ring, settings.secret, prefix=prefix, expires_s=duration_s(expires)
         )
+    if core_site is not None:
+        core_site.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(core_site, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as sink:
+            sink.write(core_site_xml(conf))
     if as_json:
         click.echo(json.dumps(conf, indent=2))
         return

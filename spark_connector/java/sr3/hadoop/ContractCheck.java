@@ -21,6 +21,7 @@ import org.apache.hadoop.fs.CreateFlag;
 import org.apache.hadoop.fs.FSDataInputStream;
 import org.apache.hadoop.fs.FSDataOutputStream;
 import org.apache.hadoop.fs.FileAlreadyExistsException;
+import org.apache.hadoop.fs.FileChecksum;
 import org.apache.hadoop.fs.FileContext;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
@@ -241,6 +242,33 @@ public final class ContractCheck {
       expect(fs.rename(file, moved), "rename");
       expect(fs.exists(moved) && !fs.exists(file), "moved");
       return "";
+    });
+    check("rename of a directory: the whole tree moves; into an existing directory", () -> {
+      Path tree = new Path(base, "tree/attempt_0");
+      write(new Path(tree, "part-0"), bytes(7, 100), false);
+      write(new Path(tree, "city=a%2Fb/part-1"), bytes(8, 3 * MIB), false);
+      expect(fs.rename(tree, new Path(base, "tree/task_0")), "rename to a free path");
+      expect(!fs.exists(tree), "the source is left");
+      Path moved = new Path(base, "tree/task_0/city=a%2Fb/part-1");
+      expect(Arrays.equals(readAll(moved), bytes(8, 3 * MIB)), "moved bytes");
+      fs.mkdirs(new Path(base, "tree/out"));
+      expect(fs.rename(new Path(base, "tree/task_0"), new Path(base, "tree/out")), "into");
+      expect(fs.exists(new Path(base, "tree/out/task_0/part-0")), "moved into the directory");
+      return "";
+    });
+    check("getFileChecksum: equal bytes equal checksums, whatever the path or size", () -> {
+      write(new Path(base, "sum/a"), bytes(10, 5 * MIB), false);
+      write(new Path(base, "sum/b"), bytes(10, 5 * MIB), false);
+      write(new Path(base, "sum/c"), bytes(11, 5 * MIB), false);
+      write(new Path(base, "sum/small"), bytes(10, 100), false);
+      FileChecksum a = fs.getFileChecksum(new Path(base, "sum/a"));
+      FileChecksum b = fs.getFileChecksum(new Path(base, "sum/b"));
+      FileChecksum c = fs.getFileChecksum(new Path(base, "sum/c"));
+      expect(a != null && a.equals(b), "equal bytes: " + a + " " + b);
+      expect(!a.equals(c), "different bytes, the same checksum");
+      expect(fs.getFileChecksum(new Path(base, "sum/small")) != null, "an inline file has one");
+      expect(fs.getFileChecksum(new Path(base, "sum")) == null, "a directory has none");
+      return a.toString();
     });
     check("FileContext rename OVERWRITE replaces; NONE refuses", () -> {
       FileContext fc = FileContext.getFileContext(java.net.URI.create("sr3:///"), conf);

@@ -10,6 +10,7 @@ import java.util.List;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FSDataInputStream;
 import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FileChecksum;
 import org.apache.hadoop.fs.FileAlreadyExistsException;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
@@ -228,6 +229,18 @@ public class Sr3FileSystem extends FileSystem {
       }
       after = following;
     }
+  }
+
+  /** The file's content checksum (xxh3-128 of its bytes); null for a directory. */
+  @Override
+  public FileChecksum getFileChecksum(Path path) throws IOException {
+    String target = pathOf(path);
+    Sr3Client.Answer answer = client.send("GET", Sr3Client.route("stat", target), Sr3Client.Body.NONE);
+    if (answer.status() != 200) {
+      throw Sr3Client.refusal(target, answer);
+    }
+    String hex = answer.json().path("checksum").asText("");
+    return hex.isEmpty() ? null : new Sr3FileChecksum(hex);
   }
 
   @Override
