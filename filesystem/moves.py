@@ -42,7 +42,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from filesystem.entries import Entry, Marker, decode_entry, encode_entry
 from ring import api, fs_api
@@ -180,11 +180,20 @@ class _Moving:
     entry: Entry
 
 
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """A record this rename marked or copied: its path, version and entry."""
+
+    path: str
+    version: int
+    entry: Entry
+
+
 def _mapped(path: str, intent: Intent) -> str:
     return intent.target + path[len(intent.source) :]
 
 
-async def _each(items: list[_Moving], action: Callable[[_Moving], Awaitable[None]]) -> None:
+async def _each(items: list[Any], action: Callable[[Any], Awaitable[None]]) -> None:
     slots = asyncio.Semaphore(MOVES_AT_ONCE)
 
     async def one(item: _Moving) -> None:
@@ -267,36 +276,56 @@ class _Move:
         self.op = op
         self.intent = intent
         self.version = version  # of the intent record
+        # What this attempt marked and copied, for the clean-up; None when it did not
+        # copy the whole tree itself (a retry after the commit): the clean-up scans.
+        self.outgoing: list[_Placed] | None = None
+        self.incoming: list[_Placed] | None = None
 
     async def copy(self) -> None:
         """Mark every entry of the source outgoing and copy it incoming (idempotent)."""
         await self.ns.make_parents(self.intent.target)
-        await _each(await _tree(self.ns, self.intent.source), self._move_one)
+        outgoing: list[_Placed] = []
+        incoming: list[_Placed] = []
 
-    async def _move_one(self, moving: _Moving) -> None:
+        async def move_one(moving: _Moving) -> None:
+            placed = await self._move_one(moving)
+            if placed is not None:
+                outgoing.append(placed[0])
+                incoming.append(placed[1])
+
+        await _each(await _tree(self.ns, self.intent.source), move_one)
+        self.outgoing, self.incoming = outgoing, incoming
+
+    async def _move_one(self, moving: _Moving) -> tuple[_Placed, _Placed] | None:
+        """Mark one entry outgoing and copy it incoming; what was marked and copied,
+        or None when the entry is not this tree's to move."""
         entry = moving.entry
         if entry.marker is not None and entry.marker.rename != self.op:
             other = entry.marker
             if other.kind == "incoming":
                 if await self.ns.renames.state(other.rename) != "committed":
-                    return  # another rename's hidden copy: not an entry of this tree
+                    return None  # another rename's hidden copy: not an entry of this tree
             elif not await _abort(self.ns, other.rename):
-                return  # moved away by another rename that committed: not here any more
+                return None  # moved away by another rename that committed: not here now
         marked = replace(entry, marker=Marker("outgoing", self.op))
+        version = moving.record.version
         if entry.marker != marked.marker:
-            await self._write(fs_api.path_key(moving.source), marked, moving.record.version)
-        await self._copy(_mapped(moving.source, self.intent), replace(entry, marker=None))
+            version = await self._write(fs_api.path_key(moving.source), marked, version)
+        target = _mapped(moving.source, self.intent)
+        copied = replace(entry, marker=Marker("incoming", self.op))
+        copied_version = await self._copy(target, copied)
+        return _Placed(moving.source, version, marked), _Placed(target, copied_version, copied)
 
-    async def _write(self, key: str, entry: Entry, version: int) -> None:
+    async def _write(self, key: str, entry: Entry, version: int) -> int:
         try:
-            await self.ns.client.put_record(
+            return await self.ns.client.put_record(
                 key, encode_entry(entry), expected_version=version, refs=entry.refs,
                 op=step_op(self.op, "outgoing", key),
             )  # fmt: skip
         except (RecordConflict, RecordUnknown):
             current = await self.ns.client.get_record(key)
             if current is not None and decode_entry(current.value).marker == entry.marker:
-                return  # marked by another attempt of this rename
+                return current.version  # marked by another attempt of this rename
             # Changed under the rename (written or deleted meanwhile): the tree is not
             # what it was; this rename gives way.
             raise MoveRefused(
@@ -304,9 +333,8 @@ class _Move:
                 "its directory was renamed; rename again",
             ) from None  # fmt: skip
 
-    async def _copy(self, path: str, entry: Entry) -> None:
+    async def _copy(self, path: str, incoming: Entry) -> int:
         key = fs_api.path_key(path)
-        incoming = replace(entry, marker=Marker("incoming", self.op))
         for _attempt in range(CAS_ATTEMPTS_MAX):
             current = await self.ns.client.get_record(key, include_deleted=True)
             expected = 0
@@ -315,28 +343,28 @@ class _Move:
                 if not current.deleted:
                     there = decode_entry(current.value)
                     if there.marker == incoming.marker:
-                        return  # copied by an earlier attempt
+                        return current.version  # copied by an earlier attempt
                     if await self.ns.renames.cache().visible(there.marker):
                         raise MoveRefused(409, "exists", f"{path} exists")
             try:
-                await self.ns.client.put_record(
+                return await self.ns.client.put_record(
                     key, encode_entry(incoming), expected_version=expected,
                     refs=incoming.refs, op=step_op(self.op, "incoming", key),
                 )  # fmt: skip
             except (RecordConflict, RecordUnknown):
                 continue
-            return
         raise MoveRefused(503, "contention", f"{path}: {CAS_ATTEMPTS_MAX} writers won")
 
     async def commit(self) -> None:
         key = intent_key(self.op)
         try:
-            await self.ns.client.put_record(
+            self.version = await self.ns.client.put_record(
                 key, replace(self.intent, state="committed").encode(), expected_version=self.version
             )
         except (RecordConflict, RecordUnknown):
             record = await self.ns.client.get_record(key)
             state = None if record is None else Intent.decode(record.value).state
+            self.version = 0 if record is None else record.version
             if state != "committed":
                 raise MoveRefused(
                     409, "changed", f"the rename of {self.intent.source} was abandoned: "
@@ -346,36 +374,40 @@ class _Move:
 
     async def settle(self) -> None:
         """Clean up after the commit (marks cleared, originals deleted) or the abort
-        (copies deleted, marks cleared), then drop the intent."""
+        (copies deleted, marks cleared), then drop the intent. What this attempt placed
+        is cleaned from memory; a retry that did not place it all scans both trees."""
         committed = self.intent.state == "committed"
-        ours_in = [m for m in await _tree(self.ns, self.intent.target) if self._ours(m, "incoming")]
-        ours_out = [
-            m for m in await _tree(self.ns, self.intent.source) if self._ours(m, "outgoing")
-        ]
+        if self.incoming is None or self.outgoing is None:
+            scanned_in = await _tree(self.ns, self.intent.target)
+            scanned_out = await _tree(self.ns, self.intent.source)
+            self.incoming = [_placed(m) for m in scanned_in if self._ours(m, "incoming")]
+            self.outgoing = [_placed(m) for m in scanned_out if self._ours(m, "outgoing")]
 
-        async def clear(moving: _Moving) -> None:
-            key = fs_api.path_key(moving.source)
+        async def clear(placed: _Placed) -> None:
+            key = fs_api.path_key(placed.path)
             # Changed meanwhile (RecordConflict): whoever wrote it decided what it is.
             with contextlib.suppress(RecordConflict, RecordUnknown):
                 await self.ns.client.put_record(
-                    key, encode_entry(replace(moving.entry, marker=None)),
-                    expected_version=moving.record.version, refs=moving.entry.refs,
+                    key, encode_entry(replace(placed.entry, marker=None)),
+                    expected_version=placed.version, refs=placed.entry.refs,
                     op=step_op(self.op, "settled", key),
                 )  # fmt: skip
 
-        async def delete(moving: _Moving) -> None:
-            key = fs_api.path_key(moving.source)
+        async def delete(placed: _Placed) -> None:
+            key = fs_api.path_key(placed.path)
             with contextlib.suppress(RecordConflict, RecordUnknown):
-                await self.ns.client.delete_record(key, expected_version=moving.record.version)
+                await self.ns.client.delete_record(key, expected_version=placed.version)
 
-        await _each(ours_in, clear if committed else delete)
-        await _each(ours_out, delete if committed else clear)
-        record = await self.ns.client.get_record(intent_key(self.op))
-        if record is not None:
+        await _each(self.incoming, clear if committed else delete)
+        await _each(self.outgoing, delete if committed else clear)
+        key = intent_key(self.op)
+        version = self.version
+        if not version:
+            record = await self.ns.client.get_record(key)
+            version = 0 if record is None else record.version
+        if version:
             with contextlib.suppress(RecordConflict, RecordUnknown):
-                await self.ns.client.delete_record(
-                    intent_key(self.op), expected_version=record.version
-                )
+                await self.ns.client.delete_record(key, expected_version=version)
 
     def _ours(self, moving: _Moving, kind: str) -> bool:
         marker = moving.entry.marker
@@ -405,7 +437,7 @@ async def move_directory(ns: Namespace, source: str, target: str, *, op: str) ->
             await move.copy()
         except MoveRefused:
             if await _abort(ns, op):
-                move.intent = replace(intent, state="aborted")
+                move.intent, move.version = replace(intent, state="aborted"), 0
                 await move.settle()
             raise
         await move.commit()
@@ -440,3 +472,7 @@ async def rename_directory(
             await ns.delete(target, recursive=False)
     ns.forget_known(source)
     return await move_directory(ns, source, target, op=op)
+
+
+def _placed(moving: _Moving) -> _Placed:
+    return _Placed(moving.source, moving.record.version, moving.entry)
