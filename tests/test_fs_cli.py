@@ -75,8 +75,12 @@ def test_a_tree_goes_in_and_comes_back(
     _one_line_error(_sr3(ring, "fs", "put", str(source / "metadata"), f"{root}/metadata"), "exists")
     _one_line_error(_sr3(ring, "fs", "cat", f"{root}/missing"), "no such file")
     _one_line_error(_sr3(ring, "fs", "rm", root), "not empty")
-    assert "deleted" in _ok(ring, "fs", "rm", "-r", root)
+    moved = f"{root}-moved"
+    assert "(directory)" in _ok(ring, "fs", "mv", root, moved)
     _one_line_error(_sr3(ring, "fs", "ls", root), "no such file")
+    assert _ok(ring, "fs", "cat", f"{moved}/metadata") == '{"id": "x"}'
+    assert "deleted" in _ok(ring, "fs", "rm", "-r", moved)
+    _one_line_error(_sr3(ring, "fs", "ls", moved), "no such file")
 
 
 async def test_spark_conf_holds_a_scoped_credential_never_the_secret(

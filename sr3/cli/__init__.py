@@ -12,7 +12,7 @@
     sr3 rm KEY...                   delete named files
     sr3 token metrics               the bearer token Prometheus scrapes /metrics with
     sr3 token scoped --prefix P     a credential reaching only sr3:// paths under P
-    sr3 fs ls|cat|get|put|rm|du     the sr3:// namespace Spark's executors write
+    sr3 fs ls|cat|get|put|mv|rm|du  the sr3:// namespace Spark's executors write
     sr3 spark list|restore|forget   Spark queries' state on the ring (and sr3:// checkpoints)
     sr3 spark conf                  --conf flags for spark-submit to use sr3://
     sr3 drill                       rehearse a multi-failure recovery

@@ -215,6 +215,26 @@ def fs_rm(
     click.echo(f"deleted sr3://{target} ({removed} entries)")
 
 
+@fs.command("mv")
+@click.argument("source")
+@click.argument("target")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a file at TARGET (an empty directory, for one).")  # fmt: skip
+@fs_options
+@fail_cleanly
+def fs_mv(
+    source: str, target: str, overwrite: bool, ring: str | None, secret_file: Path | None,
+    credential: str | None,
+) -> None:  # fmt: skip
+    """Rename a file or a directory (a directory's whole tree moves at once)."""
+    origin, destination = _path(source), _path(target)
+    stat = _run(
+        ring, secret_file, credential,
+        lambda client: client.rename(origin, destination, overwrite=overwrite),
+    )  # fmt: skip
+    click.echo(f"sr3://{origin} -> sr3://{stat.path} ({stat.type})")
+
+
 @fs.command("du")
 @click.argument("path", default="/")
 @click.option("-s", "summary", is_flag=True, help="The total only.")
