@@ -106,9 +106,14 @@ def _frame(spark: Any, job: BatchJob, first: bool) -> Any:
         functions.array(*[functions.lit(value) for value in choices]),
         (pick % len(choices) + 1).cast("int"),
     )
-    value = functions.sha2(functions.concat_ws(":", functions.col("id"), functions.lit(salt)), 256)
     width = max(1, job.value_bytes)
-    padded = functions.repeat(value, (width + 63) // 64)
+    # Distinct digests side by side: bytes that do not compress (parquet's snappy finds
+    # no repeats), so a table's size is about rows x value_bytes.
+    digests = [
+        functions.sha2(functions.concat_ws(":", "id", functions.lit(salt), functions.lit(k)), 256)
+        for k in range((width + 63) // 64)
+    ]
+    padded = functions.concat_ws("", *digests)
     return frame.select(
         "id", city.alias("city"), functions.substring(padded, 1, width).alias("value")
     )
