@@ -334,9 +334,13 @@ class _Move:
             ) from None  # fmt: skip
 
     async def _copy(self, path: str, incoming: Entry) -> int:
+        """Create the copy at ``path``; its version. The first attempt creates as if the
+        path were free (the destination is new: one round, not a read and a round)."""
         key = fs_api.path_key(path)
-        for _attempt in range(CAS_ATTEMPTS_MAX):
-            current = await self.ns.client.get_record(key, include_deleted=True)
+        for attempt in range(CAS_ATTEMPTS_MAX):
+            current = None
+            if attempt > 0:
+                current = await self.ns.client.get_record(key, include_deleted=True)
             expected = 0
             if current is not None:
                 expected = current.version
