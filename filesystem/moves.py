@@ -449,6 +449,10 @@ async def move_directory(ns: Namespace, source: str, target: str, *, op: str) ->
         await move.settle()
         raise MoveRefused(409, "changed", f"the rename of {source} was abandoned; rename again")
     await move.settle()
+    if (await ns.find(target)).stat is None:
+        # The source was a directory only implied by what was under it (no record of
+        # its own: a create that raced a delete): the destination gets one.
+        await ns.mkdirs(target)
     return await ns.stat(target)
 
 
