@@ -203,6 +203,18 @@ class FileService:
         )
         return web.json_response(fs_api.stat_body(stat))
 
+    async def usage(self, request: web.Request) -> web.StreamResponse:
+        """The ring's disk use for Hadoop's ``df``: bytes stored and free on every peer
+        that answers (replicas counted as stored, as HDFS counts them)."""
+        _path(request)  # the credential's reach was checked on it
+        status = await self.ns.client.status()
+        up = [peer for peer in status.peers if peer.state == "up"]
+        used = sum(peer.stored_bytes or 0 for peer in up)
+        remaining = sum(peer.disk_free_bytes or 0 for peer in up)
+        return web.json_response(
+            {"capacity": used + remaining, "used": used, "remaining": remaining, "peers": len(up)}
+        )
+
     async def mkdirs(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"created": await self.ns.mkdirs(_path(request))})
 
@@ -220,6 +232,7 @@ def install(app: web.Application, node: Node) -> None:
         fs_api.FS_LIST: service.list,
         fs_api.FS_RENAME: service.rename,
         fs_api.FS_MKDIRS: service.mkdirs,
+        fs_api.FS_USAGE: service.usage,
     }
     for route, handler in routes.items():
         if route.method == "GET":

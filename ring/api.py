@@ -108,6 +108,7 @@ __all__ = [
     "FS_MKDIRS",
     "FS_READ",
     "FS_RENAME",
+    "FS_USAGE",
     "FS_STAT",
     "FS_WRITE",
     "GOSSIP",
@@ -222,6 +223,7 @@ FS_STAT = Route("GET", "/v1/fs/stat/{path:.*}")
 FS_LIST = Route("GET", "/v1/fs/list/{path:.*}")
 FS_RENAME = Route("POST", "/v1/fs/rename")
 FS_MKDIRS = Route("POST", "/v1/fs/mkdirs/{path:.*}")
+FS_USAGE = Route("GET", "/v1/fs/usage/{path:.*}")
 
 # Routes a request may reach with the target "*": a client asks a seed for the member
 # table before it knows the seed's advertised address, and a joining peer gossips with
@@ -460,6 +462,8 @@ class InfoSummary:
     chunks_lost: int | None
     # Chunks the peer found corrupt that no member had a good copy of.
     chunks_unrecoverable: tuple[str, ...] = ()
+    # Free space on the peer's data disk (None: a peer that does not say).
+    disk_free_bytes: int | None = None
 
 
 def _optional_int(value: Any) -> int | None:
@@ -480,6 +484,7 @@ def parse_info(answer: Any) -> InfoSummary:
             _optional_int(last.get("chunks_under_replicated")),
             _optional_int(last.get("chunks_lost")),
             _chunk_ids(answer.get("chunks_unrecoverable") or []),
+            disk_free_bytes=_optional_int(answer.get("disk_free_bytes")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed peer info: {exc!r}") from exc

@@ -26,6 +26,9 @@ fs``) talks to one peer and fails over to another.
                                                "not_found", 409 "exists", 409
                                                "is_directory" (Q is one, or P is)
     POST   /v1/fs/mkdirs/{path}                {"created": bool}; 409 "parent_is_file"
+    GET    /v1/fs/usage/{path}                 {"capacity", "used", "remaining", "peers"}:
+                                               the ring's bytes on disk, summed over the
+                                               peers that answered (Hadoop's df)
 
 PUT and rename take ``op=<24 lowercase hex digits>``, the operation's id, the same on
 every retry: a retry that finds its operation already done answers as the first attempt
@@ -63,6 +66,7 @@ from ring.api import (
     FS_READ,
     FS_RENAME,
     FS_STAT,
+    FS_USAGE,
     FS_WRITE,
     HEADER_FILE_SIZE,
     HEADER_FILE_TAG,
@@ -78,6 +82,7 @@ __all__ = [
     "FS_MKDIRS",
     "FS_READ",
     "FS_RENAME",
+    "FS_USAGE",
     "FS_ROUTES",
     "FS_STAT",
     "FS_WRITE",
@@ -110,7 +115,7 @@ __all__ = [
     "validate_path",
 ]
 
-FS_ROUTES = (FS_WRITE, FS_READ, FS_DELETE, FS_STAT, FS_LIST, FS_RENAME, FS_MKDIRS)
+FS_ROUTES = (FS_WRITE, FS_READ, FS_DELETE, FS_STAT, FS_LIST, FS_RENAME, FS_MKDIRS, FS_USAGE)
 # Bodies the handler reads as they arrive (bounded by FILE_BYTES_MAX) and checks against
 # the signed digest, instead of the peer buffering them before it authenticates.
 STREAMED_BODY_ROUTES = frozenset({FS_WRITE})

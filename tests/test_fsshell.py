@@ -82,7 +82,9 @@ def test_the_everyday_hadoop_fs_commands_work_on_sr3(
     count = run("-count", f"{root}/in/local").stdout.split()
     assert count[:3] == ["2", "2", str(size)], count  # directories, files, bytes
     assert run("-du", "-s", f"{root}/in/local").stdout.split()[0] == str(size)
-    assert "sr3:///" in run("-df", f"{root}/").stdout
+    df = run("-df", f"{root}/").stdout.splitlines()[-1].split()
+    assert df[0] == "sr3:///" and 0 < int(df[1]) < 2**63 - 1, df  # the ring's real disks
+    assert int(df[2]) >= size and int(df[1]) == int(df[2]) + int(df[3]), df
     stat = run("-stat", "%n %b %F", f"{root}/in/local/big.bin").stdout.strip()
     assert stat == f"big.bin {6 * 1024 * 1024 + 5} regular file", stat
     run("-test", "-d", f"{root}/in/local")

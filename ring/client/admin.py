@@ -67,6 +67,7 @@ class PeerStatus:
     repair_rounds: int | None = None
     # Chunks this peer found corrupt that no member had a good copy of.
     chunks_unrecoverable: tuple[str, ...] = ()
+    disk_free_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +206,7 @@ class Admin:
             chunks_under_replicated=info.chunks_under_replicated,
             chunks_lost=info.chunks_lost, hints_pending=info.hints_pending,
             repair_rounds=info.repair_rounds, chunks_unrecoverable=info.chunks_unrecoverable,
+            disk_free_bytes=info.disk_free_bytes,
         )  # fmt: skip
 
     async def status(self) -> RingStatus:

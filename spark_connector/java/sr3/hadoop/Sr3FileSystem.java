@@ -14,6 +14,7 @@ import org.apache.hadoop.fs.FileChecksum;
 import org.apache.hadoop.fs.FileAlreadyExistsException;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.FsStatus;
 import org.apache.hadoop.fs.Options;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.permission.FsPermission;
@@ -229,6 +230,20 @@ public class Sr3FileSystem extends FileSystem {
       }
       after = following;
     }
+  }
+
+  /** The ring's bytes on disk (Hadoop's df): stored and free, summed over live peers. */
+  @Override
+  public FsStatus getStatus(Path path) throws IOException {
+    String target = pathOf(path == null ? new Path("/") : path);
+    Sr3Client.Answer answer = client.send("GET", Sr3Client.route("usage", target), Sr3Client.Body.NONE);
+    if (answer.status() != 200) {
+      throw Sr3Client.refusal(target, answer);
+    }
+    JsonNode usage = answer.json();
+    return new FsStatus(
+        usage.path("capacity").asLong(0), usage.path("used").asLong(0),
+        usage.path("remaining").asLong(0));
   }
 
   /** The file's content checksum (xxh3-128 of its bytes); null for a directory. */
