@@ -194,9 +194,10 @@ def _mapped(path: str, intent: Intent) -> str:
 
 
 async def _each(items: list[Any], action: Callable[[Any], Awaitable[None]]) -> None:
+    """``action`` on every item, MOVES_AT_ONCE at a time; the first failure raised."""
     slots = asyncio.Semaphore(MOVES_AT_ONCE)
 
-    async def one(item: _Moving) -> None:
+    async def one(item: Any) -> None:
         async with slots:
             await action(item)
 
@@ -233,18 +234,7 @@ async def _tree(ns: Namespace, root: str) -> list[_Moving]:
             path = "/" + fs_api.name_of_key(key[len(fs_api.PATH_KEY_PREFIX) :])
             found.append(_Moving(path, record, decode_entry(record.value)))
 
-    slots = asyncio.Semaphore(MOVES_AT_ONCE)
-
-    async def bounded(key: str) -> None:
-        async with slots:
-            await read(key)
-
-    try:
-        async with asyncio.TaskGroup() as group:
-            for key in keys:
-                group.create_task(bounded(key))
-    except BaseExceptionGroup as group_error:
-        raise first_error(group_error) from None
+    await _each(keys, read)
     return sorted(found, key=lambda moving: moving.source)
 
 
