@@ -408,11 +408,13 @@ class _Move:
         return marker is not None and marker.rename == self.op and marker.kind == kind
 
 
-async def move_directory(ns: Namespace, source: str, target: str, *, op: str) -> Stat:
+async def move_directory(
+    ns: Namespace, source: str, target: str, record: RecordValue | None, *, op: str
+) -> Stat:
     """Rename the directory ``source`` to ``target`` (which must not exist), or go on
-    with the rename ``op`` started; the stat of ``target``."""
+    with the rename ``op`` started; ``record``: its intent record as just read (None:
+    none yet); the stat of ``target``."""
     key = intent_key(op)
-    record = await ns.client.get_record(key)
     if record is None:
         intent = Intent(source, target, "copying", ns.wall_ms())
         try:
@@ -452,7 +454,8 @@ async def rename_directory(
     """``move_directory``, for a source that is a directory (or was: a retry of a rename
     that committed finds it moved), onto a target that is free (or, with ``overwrite``,
     an empty directory, which goes first, as in HDFS)."""
-    if await ns.client.get_record(intent_key(op)) is None:
+    record = await ns.client.get_record(intent_key(op))
+    if record is None:
         if not source_exists and not await ns.holds_anything(fs_api.entries_prefix(source)):
             # A retry of this rename after it was done and cleaned up finds the
             # destination's record last written by its clean-up.
@@ -469,7 +472,7 @@ async def rename_directory(
                 raise MoveRefused(409, "exists", f"{target} is a file; a directory replaces none")
             await ns.delete(target, recursive=False)
     ns.forget_known(source)
-    return await move_directory(ns, source, target, op=op)
+    return await move_directory(ns, source, target, record, op=op)
 
 
 def _placed(moving: _Moving) -> _Placed:
