@@ -16,6 +16,7 @@ Every error that sr3 raises on purpose derives from ``SR3Error``. Library errors
     ├── StorageFull            a peer's disk or quota is full
     ├── QuorumError            fewer than W replicas acknowledged a write
     ├── RecordConflict         compare-and-set refused: the expected version is stale
+    ├── Fenced                 a lease holder's write refused: its lease was taken over
     ├── NotFound               no such record or blob
     └── DataUnavailable        too few live replicas could serve some chunks or records
                                (names them, and says which they are)
@@ -33,6 +34,7 @@ __all__ = [
     "ChunkTooLarge",
     "ConfigError",
     "DataUnavailable",
+    "Fenced",
     "NotFound",
     "PeerError",
     "PeerRejected",
@@ -162,3 +164,8 @@ class DataUnavailable(SR3Error):
         super().__init__(f"{what}: {shown}{detail}")
         self.missing = list(missing)
         self.kind = kind
+
+
+class Fenced(SR3Error):
+    """A write made under a lease was refused: the lease lapsed or was taken over (a
+    newer holder's fence is on it), so this holder must stop writing."""

@@ -9,7 +9,8 @@ fs``) talks to one peer and fails over to another.
                                                atomically when 201 answers
                                                -> stat; 409 "exists" (no overwrite and a
                                                file is there), 409 "is_directory", 409
-                                               "parent_is_file", 413 "too_large"
+                                               "parent_is_file", 409 "fenced", 413
+                                               "too_large"
     GET    /v1/fs/files/{path}[?offset=N&length=M]   the bytes (a range: M at most to
                                                the end); X-SR3-File-Size, X-SR3-Mtime-Ms;
                                                404 "not_found", 409 "is_directory"
@@ -20,15 +21,22 @@ fs``) talks to one peer and fails over to another.
                                                children by name after NAME (of a file:
                                                itself); 404 "not_found"
     DELETE /v1/fs/files/{path}[?recursive=1]   {"deleted": files and directories removed}
-                                               (0 when nothing was there); 409 "not_empty"
+                                               (0 when nothing was there); 409 "not_empty",
+                                               409 "fenced"
     POST   /v1/fs/rename?from=P&to=Q[&overwrite=1]   move a file, replacing Q atomically
                                                with overwrite -> stat of Q; 404
                                                "not_found", 409 "exists", 409
-                                               "is_directory" (Q is one, or P is)
+                                               "is_directory" (Q is one, or P is), 409
+                                               "fenced"
     POST   /v1/fs/mkdirs/{path}                {"created": bool}; 409 "parent_is_file"
     GET    /v1/fs/usage/{path}                 {"capacity", "used", "remaining", "peers"}:
                                                the ring's bytes on disk, summed over the
                                                peers that answered (Hadoop's df)
+
+PUT, DELETE and rename may also be fenced: ``lease=<record key>&fence=<n>`` (both or
+neither) says the writer holds the lease in that record with fence ``n``
+(``ring.lease``); the peer reads the lease record first and refuses with 409 "fenced"
+when its fence is not ``n`` (taken over since, or never held), writing nothing.
 
 PUT and rename take ``op=<24 lowercase hex digits>``, the operation's id, the same on
 every retry: a retry that finds its operation already done answers as the first attempt
@@ -74,8 +82,12 @@ from ring.api import (
     Route,
 )
 from ring.errors import ProtocolError
+from ring.lease import FENCE_MAX
+from ring.records import validate_key
 
 __all__ = [
+    "fence_query",
+    "parse_fence",
     "FILE_BYTES_MAX",
     "FS_DELETE",
     "FS_LIST",
@@ -234,6 +246,24 @@ def parse_op(raw: str | None) -> str | None:
     if OP_PATTERN.fullmatch(raw) is None:
         raise ProtocolError("op is 24 lowercase hex digits")
     return raw
+
+
+def fence_query(lease_key: str, fence: int) -> str:
+    """The query parameters of a write fenced by the lease in ``lease_key``."""
+    return f"lease={quote(validate_key(lease_key), safe='')}&fence={fence}"
+
+
+def parse_fence(query: Mapping[str, str]) -> tuple[str, int] | None:
+    """The lease key and fence a write names, or None when it is not fenced."""
+    key, fence = query.get("lease"), query.get("fence")
+    if key is None and fence is None:
+        return None
+    if key is None or fence is None:
+        raise ProtocolError("a fenced write names both lease=<record key> and fence=<n>")
+    validate_key(key)
+    if not fence.isdigit() or len(fence) > 16 or not 1 <= int(fence) <= FENCE_MAX:
+        raise ProtocolError(f"fence is an integer in 1..{FENCE_MAX}")
+    return key, int(fence)
 
 
 def components(path: str) -> list[str]:

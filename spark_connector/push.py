@@ -45,7 +45,7 @@ from prometheus_client import Counter, Gauge
 from ring.blobs import BlobRef
 from ring.client import file_source
 from ring.codec import compact_json
-from ring.errors import ConfigError, RecordConflict, SR3Error
+from ring.errors import ConfigError, Fenced, RecordConflict, SR3Error
 from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import delete_manifest, forget, query_batches
 from spark_connector.checkpoint import list_checkpoint, read_cut, read_query_id
@@ -104,6 +104,7 @@ class Pusher:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         host: str | None = None,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         assert keep_batches >= 1, "the newest batch is always kept"
         assert recheck_s >= 0, "recheck_s is a duration"
@@ -113,6 +114,9 @@ class Pusher:
         self.recheck_s = recheck_s
         self._client = client
         self._clock = clock
+        # Called right before each manifest write; raises ``Fenced`` when this pusher's
+        # application no longer holds the query's lease (``spark_connector.lease``).
+        self.guard = guard
         # Stored in each manifest: when and where it was pushed from.
         self._wall_clock = wall_clock
         self.host = host if host is not None else socket.gethostname()
@@ -181,6 +185,8 @@ class Pusher:
             tuple(ManifestFile(path, files[path]) for path in sorted(files)),
             pushed_at=self._wall_clock(), host=self.host, query_id=self._read_query_id(cut.files),
         )  # fmt: skip
+        if self.guard is not None:
+            self.guard()
         writing_at = self._clock()
         version = self._write_manifest(manifest)
         # Remembered only once a manifest references them (chunks no record references
@@ -324,6 +330,11 @@ class PushWorker:
     def lag_batches(self) -> int:
         return max(0, self._newest_committed - self._newest_pushed)
 
+    @property
+    def pushed_batch(self) -> int | None:
+        """The newest batch pushed (or found on the ring at a restore), or None."""
+        return None if self._newest_pushed < 0 else self._newest_pushed
+
     def _loop(self) -> None:
         failures = 0
         given_up = -1
@@ -338,6 +349,11 @@ class PushWorker:
                 wanted = self._newest_committed
             try:
                 report = self._push(wanted)
+            except Fenced as exc:
+                # Another application holds the query now: nothing this one pushes may land.
+                self.last_error = str(exc)
+                log.error("sr3 push of batch %d refused, pushing stops: %s", wanted, exc)
+                return
             except SR3Error as exc:
                 failures += 1
                 FAILURES.labels(self.query).inc()

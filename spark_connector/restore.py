@@ -42,7 +42,15 @@ from spark_connector.catalog import latest_batch
 from spark_connector.local import LocalCheckpoint, divergence, inspect_local
 from spark_connector.manifest import Manifest, ManifestFile, manifest_key
 
-__all__ = ["RestoreAction", "RestoreReport", "newest_manifest", "read_manifest", "restore_manifest"]
+__all__ = [
+    "RestoreAction",
+    "RestoreReport",
+    "fetch_files",
+    "newest_manifest",
+    "read_manifest",
+    "restore_manifest",
+    "rewrite_root",
+]
 
 log = logging.getLogger(__name__)
 
@@ -192,20 +200,23 @@ def _restore(client: SyncClient, manifest: Manifest, target: Path, topology: str
     staging = target.with_name(f".{target.name}.sr3-restoring")
     _remove(staging)
     try:
-        result = _fetch(client, manifest, staging, topology)
-        _rewrite_root(staging, manifest.root, str(target))
+        result = fetch_files(client, manifest.files, staging, topology)
+        rewrite_root(staging, manifest.root, str(target))
         _swap_in(staging, target)
     finally:
         _remove(staging)
     return result
 
 
-def _fetch(client: SyncClient, manifest: Manifest, staging: Path, topology: str) -> RecoveryResult:
-    writer = _Writer(staging, manifest.files)
+def fetch_files(
+    client: SyncClient, files: Sequence[ManifestFile], staging: Path, topology: str
+) -> RecoveryResult:
+    """Fetch ``files`` (of a manifest) into ``staging``, each verified against its digest,
+    along a recovery topology."""
+    writer = _Writer(staging, files)
+    chunk_ids = sorted({extent.chunk_id for file in files for extent in file.blob.extents})
     try:
-        result = client.run(
-            recover(client.client, manifest.chunk_ids(), _topology(topology), writer.sink)
-        )
+        result = client.run(recover(client.client, chunk_ids, _topology(topology), writer.sink))
     finally:
         writer.close()
     writer.verify()
@@ -366,7 +377,7 @@ class _Writer:
             fsync_dir(directory)
 
 
-def _rewrite_root(staging: Path, old_root: str, new_root: str) -> None:
+def rewrite_root(staging: Path, old_root: str, new_root: str) -> None:
     """Point small metadata files that name the old checkpoint path at the new one."""
     if old_root == new_root:
         return

@@ -18,6 +18,9 @@ The facade a Spark driver uses; it holds the ring client and composes the parts:
   A restore needs no Spark: ``restore_in_background()`` runs it on a thread of its own
   while the application starts its SparkSession, and gives a future to wait on before
   the query starts;
+- ``lease``: a query driven by one of several applications (``spark_connector.standby``)
+  pushes only while its application holds the query's lease: each manifest is written
+  after the lease record is read and still carries this application's fence;
 - ``forget``, ``batches`` and ``latest_batch`` read and trim what the ring holds of the
   query (``spark_connector.catalog``).
 """
@@ -37,6 +40,7 @@ from ring.config import resolve
 from ring.errors import ConfigError, SR3Error
 from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import forget, latest_batch, query_batches, ring_queries
+from spark_connector.lease import QueryLease
 from spark_connector.manifest import Manifest, check_query_name
 from spark_connector.push import (
     KEEP_BATCHES_DEFAULT,
@@ -81,6 +85,7 @@ class StateSync:
         lag_batches_warn: int = LAG_BATCHES_WARN_DEFAULT,
         keep_batches: int = KEEP_BATCHES_DEFAULT,
         recheck_s: float = RECHECK_S_DEFAULT,
+        lease: QueryLease | None = None,
     ) -> None:
         self.query = check_query_name(query)
         if keep_batches < 1:
@@ -92,12 +97,18 @@ class StateSync:
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
         settings = resolve(ring, secret)
         self._client = SyncClient(settings.ring, settings.secret, options=client_options)
+        # A query driven under a lease (a standby pair): every manifest is written only
+        # after the lease record is read and still carries this application's fence.
+        self.lease = lease
+        if lease is not None and lease.query != self.query:
+            raise ConfigError(f"the lease is of query {lease.query}, not {self.query}")
         self._pusher = Pusher(
             self._client,
             self.query,
             self.checkpoint_dir,
             keep_batches=keep_batches,
             recheck_s=recheck_s,
+            guard=None if lease is None else lease.check_fence,
         )
         # The worker calls self.push: what a subclass adds to a push holds for its pushes.
         self._worker = PushWorker(
@@ -188,6 +199,16 @@ class StateSync:
     @property
     def lag_batches(self) -> int:
         return self._worker.lag_batches
+
+    @property
+    def pushed_batch(self) -> int | None:
+        """The newest batch of this query known to be on the ring, or None."""
+        return self._worker.pushed_batch
+
+    def resumed(self, batch_id: int) -> None:
+        """Note that the checkpoint directory holds ``batch_id`` as the ring does (it
+        was brought there by other means than ``restore()``: a standby's pulls)."""
+        self._worker.restored(batch_id)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until the newest batch committed in the checkpoint directory is on the

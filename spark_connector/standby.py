@@ -1,0 +1,480 @@
+"""``Standby``: a second application that takes a query over when its driver is lost.
+
+Two or more applications run the same query's code, each with its SparkSession started
+and the query built but not started; each makes a ``Standby`` and calls
+``take_over()``. Exactly one holds the query's lease (``spark_connector.lease``) and
+runs the query; the others wait, kept close behind it:
+
+- for a query whose checkpoint is a local directory pushed by ``StateSync``, a standby
+  pulls each batch the active side pushes into its own checkpoint directory, fetching
+  only the files that batch changed (``spark_connector.pull``), so that it holds the
+  newest pushed batch or the one before;
+- for a query whose checkpoint is on ``sr3://``, the checkpoint is on the ring already;
+  a standby reads its commit log through its own JVM's ``sr3://`` client as batches
+  commit, which keeps that client's classes, connections and TLS sessions warm and
+  tells how far behind it is.
+
+When the lease lapses (its holder stopped renewing it: lost machine, killed process,
+partition) or is released, one standby takes it, raising its fence: it pulls what is
+left, starts the query, and from then on renews the lease and pushes (``StateSync``
+guarded by the lease) or commits to ``sr3://`` (offset and commit files fenced: the JVM's
+``Sr3Fence`` knows the fence and for how long it is valid). The application that lost
+the lease, if it is still running (it was cut off, not killed), is told when its next
+renewal fails, stops its query and logs why; until then its pushes and fenced commits
+are refused by its own validity check and, once another holder's fence is on the
+record, by the ring. Each side logs the takeover with the batch it resumes from.
+
+Each standby reports itself in record ``spark/<query>/standbys/<holder>`` (``sr3 spark
+list`` shows them) and in Prometheus gauges of the driver's default registry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from ring.client import ClientOptions
+from ring.codec import compact_json
+from ring.config import resolve
+from ring.errors import (
+    ConfigError,
+    DataUnavailable,
+    QuorumError,
+    RecordConflict,
+    SR3Error,
+)
+from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, Lease
+from ring.sync_client import SyncClient
+from spark_connector.fs_checkpoints import SCHEME, fs_path_of
+from spark_connector.lease import LeaseState, QueryLease
+from spark_connector.manifest import check_query_name
+from spark_connector.pull import Puller, PullReport
+from spark_connector.push import KEEP_BATCHES_DEFAULT
+from spark_connector.restore import read_manifest
+from spark_connector.sync import StateSync
+
+__all__ = ["STANDBY_STATUS_FORMAT", "Standby", "StandbyStatus", "Takeover", "standbys_prefix"]
+
+log = logging.getLogger(__name__)
+
+# How often a standby reads the lease record (each read is one consensus round).
+POLL_S_DEFAULT = 0.25
+POLL_S_MIN = 0.05
+# A standby's status record is rewritten when its batch changes, at most this often,
+# and at least this often otherwise (so that ``sr3 spark list`` can tell a silent one).
+STATUS_EVERY_S = 2.0
+STATUS_REFRESH_S = 15.0
+STANDBY_STATUS_FORMAT = 1
+# The JVM counts a fence valid this much less than the Python side does (py4j's call).
+FENCE_MARGIN_MS = 50
+
+BEHIND_BATCHES = Gauge(
+    "sr3_standby_behind_batches", "Batches the standby is behind the active side.", ["query"]
+)
+BEHIND_BYTES = Gauge(
+    "sr3_standby_behind_bytes", "Bytes the standby would fetch to catch up.", ["query"]
+)
+PULLED_BYTES = Counter("sr3_standby_pulled_bytes", "Bytes a standby pulled.", ["query"])
+LEASE_UNCHANGED = Gauge(
+    "sr3_standby_lease_unchanged_seconds",
+    "How long the standby has seen the lease record unchanged.",
+    ["query"],
+)
+
+
+def standbys_prefix(query: str) -> str:
+    return f"spark/{check_query_name(query)}/standbys/"
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyStatus:
+    """What a standby reports of itself (record ``spark/<query>/standbys/<holder>``)."""
+
+    holder: str
+    mode: str  # "sync" (StateSync pulls) or "fs" (sr3:// checkpoint)
+    batch: int | None  # the newest batch it holds (sync) or has seen committed (fs)
+    behind_batches: int
+    behind_bytes: int
+    pulled_bytes_last: int  # what its last pull fetched
+    updated_at: float  # wall clock
+
+    def encode(self) -> bytes:
+        return compact_json({"format": STANDBY_STATUS_FORMAT, **_fields(self)})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> StandbyStatus:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("format") != STANDBY_STATUS_FORMAT:
+            raise ValueError("not a standby status record")
+        batch = data.get("batch")
+        return cls(
+            str(data["holder"]), str(data["mode"]), None if batch is None else int(batch),
+            int(data["behind_batches"]), int(data["behind_bytes"]),
+            int(data["pulled_bytes_last"]), float(data["updated_at"]),
+        )  # fmt: skip
+
+
+def _fields(status: StandbyStatus) -> dict[str, Any]:
+    return {name: getattr(status, name) for name in StandbyStatus.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """How this application came to hold the query: from whom (None: no one held it,
+    or it was released), with which fence, resuming after which batch, how long the
+    lease was seen unchanged before it was taken, and how long the catch-up and the
+    query's start took."""
+
+    fence: int
+    previous: Lease | None
+    resumed_after: int | None
+    waited_s: float
+    catch_up_bytes: int
+    catch_up_s: float
+    start_s: float
+
+
+class Standby:
+    """One application's side of a query that several can drive (see the module)."""
+
+    def __init__(
+        self,
+        ring: str | None = None,
+        query: str = "",
+        checkpoint_dir: str | Path = "",
+        secret: str | None = None,
+        *,
+        start: Any,
+        spark: Any = None,
+        holder: str | None = None,
+        timeout_s: float = TIMEOUT_S_DEFAULT,
+        renew_every_s: float = RENEW_EVERY_S_DEFAULT,
+        drift: float = DRIFT_DEFAULT,
+        poll_s: float = POLL_S_DEFAULT,
+        topology: str = "auto",
+        overwrite: bool = False,
+        keep_batches: int = KEEP_BATCHES_DEFAULT,
+        client_options: ClientOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.query = check_query_name(query)
+        if not str(checkpoint_dir):
+            raise ConfigError("a checkpoint directory is required")
+        if poll_s < POLL_S_MIN:
+            raise ConfigError(f"poll_s must be at least {POLL_S_MIN}")
+        self._start = _starter(start)
+        self._spark = spark
+        self.poll_s = poll_s
+        self.topology = topology
+        self.keep_batches = keep_batches
+        self._clock, self._wall = clock, wall_clock
+        self.mode = "fs" if str(checkpoint_dir).startswith("sr3:") else "sync"
+        self.checkpoint = (
+            fs_path_of(str(checkpoint_dir))
+            if self.mode == "fs"
+            else str(Path(checkpoint_dir).resolve())
+        )
+        settings = resolve(ring, secret)
+        self._ring, self._secret = settings.ring, settings.secret
+        self._client_options = client_options
+        self._client = SyncClient(settings.ring, settings.secret, options=client_options)
+        self.lease = QueryLease(
+            self._client, self.query, holder, timeout_s=timeout_s,
+            renew_every_s=renew_every_s, drift=drift, clock=clock, wall_clock=wall_clock,
+        )  # fmt: skip
+        self._puller = (
+            Puller(self._client, self.query, Path(self.checkpoint), topology=topology,
+                   overwrite=overwrite, clock=clock)
+            if self.mode == "sync" else None
+        )  # fmt: skip
+        self.sync: StateSync | None = None
+        self.streaming_query: Any = None
+        self.takeover: Takeover | None = None
+        self.last_pull: PullReport | None = None
+        self._seen_batch: int | None = None  # fs: newest committed batch seen
+        self._status_version = 0
+        self._status_written: tuple[float, int | None] = (-1e9, None)
+        self._closing = threading.Event()
+        self._lost = threading.Event()
+        self.lost_why: str | None = None
+
+    # -- waiting ------------------------------------------------------------------------
+
+    def take_over(self, timeout_s: float | None = None) -> Any:
+        """Wait until this application holds the query's lease, keeping up meanwhile;
+        then catch up, start the query and return it (a ``StreamingQuery``). The first
+        application to call it on a query no one holds starts at once. ``timeout_s``:
+        give up waiting after that long (``SR3Error``)."""
+        deadline = None if timeout_s is None else self._clock() + timeout_s
+        if self._puller is not None:
+            self._pull(None)  # a whole restore first: the rest are increments
+        self._warm_spark()
+        last: LeaseState | None = None
+        while True:
+            if self._closing.is_set():
+                raise SR3Error(f"the standby of query {self.query} was closed")
+            state = self.lease.try_acquire()
+            if state is None:
+                break
+            last = state
+            self._keep_up(state)
+            if deadline is not None and self._clock() >= deadline:
+                holder = "no one" if state.lease is None else state.lease.holder
+                raise SR3Error(
+                    f"query {self.query} is still driven by {holder} after {timeout_s} s"
+                )
+            self._closing.wait(self.poll_s)
+        return self._run_as_holder(last)
+
+    def _warm_spark(self) -> None:
+        """Run one tiny job, so that the query's first batch finds the executors, the
+        JIT and the classes it shares with every job warm."""
+        spark = self._session()
+        if spark is not None:
+            spark.range(8).selectExpr("sum(id)").collect()
+
+    def _session(self) -> Any:
+        if self._spark is None:
+            try:
+                from pyspark.sql import SparkSession
+            except ImportError:
+                return None
+            self._spark = SparkSession.getActiveSession()
+        return self._spark
+
+    def _keep_up(self, state: LeaseState) -> None:
+        LEASE_UNCHANGED.labels(self.query).set(state.unchanged_s)
+        note = None if state.lease is None else state.lease.note
+        batch = note.get("batch") if isinstance(note, dict) else None
+        active_batch = batch if isinstance(batch, int) and not isinstance(batch, bool) else None
+        try:
+            if self._puller is not None:
+                if active_batch is not None and (
+                    self._puller.batch_id is None or active_batch > self._puller.batch_id
+                ):
+                    self._pull(active_batch)
+            else:
+                self._follow_commits()
+            self._report(active_batch)
+        except (QuorumError, DataUnavailable, SR3Error) as exc:
+            # The ring is degraded: keep watching the lease; catch up on a later poll.
+            log.warning("sr3 standby of query %s could not keep up: %s", self.query, exc)
+
+    def _pull(self, batch_id: int | None) -> None:
+        assert self._puller is not None
+        manifest = None if batch_id is None else read_manifest(self._client, self.query, batch_id)
+        if manifest is None:
+            manifest = self._puller.newest()
+        if manifest is None:
+            return
+        behind_batches, behind_bytes = self._puller.behind(manifest)
+        BEHIND_BATCHES.labels(self.query).set(behind_batches)
+        BEHIND_BYTES.labels(self.query).set(behind_bytes)
+        report = self._puller.pull(manifest)
+        if report is None:
+            return
+        self.last_pull = report
+        PULLED_BYTES.labels(self.query).inc(report.bytes_fetched)
+        BEHIND_BATCHES.labels(self.query).set(0)
+        BEHIND_BYTES.labels(self.query).set(0)
+        log.info(
+            "sr3 standby of query %s holds batch %d: fetched %d files, %d of %d bytes in "
+            "%.3f s%s", self.query, report.batch_id, report.files_fetched, report.bytes_fetched,
+            report.bytes_total, report.seconds, " (whole)" if report.whole else "",
+        )  # fmt: skip
+
+    def _follow_commits(self) -> None:
+        """sr3://: the newest committed batch, read through the JVM's own client."""
+        spark = self._session()
+        if spark is None:
+            return
+        jvm = spark._jvm
+        path = jvm.org.apache.hadoop.fs.Path(f"{SCHEME}{self.checkpoint}/commits")
+        fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+        if not fs.exists(path):
+            return
+        names = [status.getPath().getName() for status in fs.listStatus(path)]
+        batches = [int(name) for name in names if name.isdigit()]
+        if batches:
+            self._seen_batch = max(batches)
+
+    def _report(self, active_batch: int | None) -> None:
+        """Write this standby's status record when its batch changed (at most every
+        ``STATUS_EVERY_S``) or every ``STATUS_REFRESH_S``."""
+        if self._puller is not None:
+            batch = self._puller.batch_id
+            pull = self.last_pull
+            pulled = 0 if pull is None else pull.bytes_fetched
+        else:
+            batch, pulled = self._seen_batch, 0
+        behind = 0 if active_batch is None or batch is None else max(0, active_batch - batch)
+        if self._puller is None:
+            BEHIND_BATCHES.labels(self.query).set(behind)
+        now = self._clock()
+        written_at, written_batch = self._status_written
+        due = now - written_at >= (STATUS_EVERY_S if batch != written_batch else STATUS_REFRESH_S)
+        if not due:
+            return
+        status = StandbyStatus(self.lease.holder, self.mode, batch, behind, 0, pulled, self._wall())
+        self._put_status(status.encode())
+        self._status_written = (now, batch)
+
+    def _put_status(self, value: bytes) -> None:
+        key = standbys_prefix(self.query) + self.lease.holder
+        try:
+            self._status_version = self._client.put_record(
+                key, value, expected_version=self._status_version
+            )
+        except RecordConflict as exc:  # an earlier run under the same name wrote it
+            self._status_version = self._client.put_record(key, value, expected_version=exc.current)
+
+    def _drop_status(self) -> None:
+        if self._status_version == 0:
+            return
+        key = standbys_prefix(self.query) + self.lease.holder
+        try:
+            self._client.delete_record(key, expected_version=self._status_version)
+        except (RecordConflict, QuorumError, DataUnavailable) as exc:
+            log.warning("sr3 standby status %s not deleted: %s", key, exc)
+        self._status_version = 0
+
+    # -- holding ------------------------------------------------------------------------
+
+    def _run_as_holder(self, last: LeaseState | None) -> Any:
+        took_at = self._clock()
+        previous = None if last is None else last.lease
+        waited = 0.0 if last is None else last.unchanged_s
+        catch_up_bytes = 0
+        if self._puller is not None:
+            self._pull(None)  # the newest pushed batch: the last push may have landed
+            catch_up_bytes = 0 if self.last_pull is None else self.last_pull.bytes_fetched
+            resumed = self._puller.batch_id
+        else:
+            self._follow_commits()
+            resumed = self._seen_batch
+        caught_up = self._clock()
+        self._drop_status()
+        self.lease.note_source = self._note
+        self.lease.start_renewing(self._on_lost)
+        if self.mode == "fs":
+            self.lease.add_listener(self._tell_jvm)
+            self._tell_jvm(self.lease.fence, self.lease.remaining_s())
+        else:
+            self.sync = StateSync(
+                self._ring, self.query, self.checkpoint, self._secret,
+                client_options=self._client_options, keep_batches=self.keep_batches,
+                lease=self.lease,
+            )  # fmt: skip
+            if resumed is not None:
+                self.sync.resumed(resumed)
+        self.streaming_query = self._start()
+        if self.sync is not None:
+            self.sync.register(self.streaming_query, self._session())
+        started = self._clock()
+        self.takeover = Takeover(
+            self.lease.fence, previous, resumed, waited, catch_up_bytes,
+            caught_up - took_at, started - caught_up,
+        )  # fmt: skip
+        log.warning(
+            "sr3 %s took query %s over with fence %d from %s, resuming after batch %s "
+            "(lease seen unchanged %.2f s; caught up %d bytes in %.2f s; query started in "
+            "%.2f s)", self.lease.holder, self.query, self.lease.fence,
+            "no one" if previous is None else f"{previous.holder} (fence {previous.fence})",
+            resumed, waited, catch_up_bytes, caught_up - took_at, started - caught_up,
+        )  # fmt: skip
+        return self.streaming_query
+
+    def _note(self) -> dict[str, Any] | None:
+        """What the lease record says of the active side: its newest batch on the ring
+        (pushed, or committed to sr3://)."""
+        if self.sync is not None:
+            pushed = self.sync.pushed_batch
+            return None if pushed is None else {"batch": pushed}
+        query = self.streaming_query
+        progress = None if query is None else query.lastProgress
+        batch = None if not progress else progress.get("batchId")
+        return None if not isinstance(batch, int) else {"batch": batch}
+
+    def _tell_jvm(self, fence: int, valid_for_s: float) -> None:
+        spark = self._session()
+        if spark is None:
+            return
+        valid_ms = max(0, int(valid_for_s * 1000) - FENCE_MARGIN_MS) if fence else 0
+        spark._jvm.sr3.hadoop.Sr3Fence.hold(
+            self.checkpoint, self.lease.key, max(fence, 1), valid_ms
+        )
+
+    def _on_lost(self, why: str) -> None:
+        self.lost_why = why
+        self._lost.set()
+        log.error(
+            "sr3 %s lost query %s: %s. Stopping the query.", self.lease.holder, self.query, why
+        )
+        query = self.streaming_query
+        if query is not None:
+            try:
+                query.stop()
+            except Exception:  # py4j or Spark: the query is being torn down regardless
+                log.exception("sr3: stopping query %s after losing its lease failed", self.query)
+
+    def wait_lost(self, timeout_s: float | None = None) -> bool:
+        """Wait until this application lost the lease (True) or ``timeout_s`` passed."""
+        return self._lost.wait(timeout_s)
+
+    def close(self) -> None:
+        """Stop waiting or driving: a query this application drives is stopped, its
+        pushes finished, the lease released (a standby takes it at once) and the
+        status record dropped."""
+        self._closing.set()
+        query = self.streaming_query
+        if query is not None and not self._lost.is_set():
+            try:
+                query.stop()
+            except Exception:
+                log.exception("sr3: stopping query %s failed", self.query)
+        if self.sync is not None:
+            if self.lease.valid():
+                try:
+                    self.sync.flush(timeout_s=30.0)
+                except SR3Error as exc:
+                    log.warning("sr3: the last batch of %s was not pushed: %s", self.query, exc)
+            self.sync.close()
+        self.lease.release()
+        if self.mode == "fs" and query is not None:
+            self._tell_jvm(0, 0.0)
+        try:
+            self._drop_status()
+        except SR3Error as exc:
+            log.warning("sr3 standby status of %s not dropped: %s", self.query, exc)
+        self._client.close()
+
+    def __enter__(self) -> Standby:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _starter(start: Any) -> Callable[[], Any]:
+    """A ``DataStreamWriter`` (its ``start``) or a callable that starts the query."""
+    if callable(start):
+        return start  # type: ignore[no-any-return]
+    method = getattr(start, "start", None)
+    if callable(method):
+        return method  # type: ignore[no-any-return]
+    raise ConfigError("start: a DataStreamWriter, or a function that starts the query")

@@ -1,0 +1,243 @@
+"""Query leases (ring.lease, spark_connector.lease) and a standby's incremental pulls
+(spark_connector.pull), on a real ring, without Spark.
+
+What it breaks: a holder stops renewing (its clock is frozen, as a killed or cut-off
+application's would be), another application waits, takes over, and the old holder
+comes back. What must hold: one holder per fence, fences only grow, no one takes a lease
+before it lapsed on the taker's own clock, the old holder's renewals, fence checks and
+pushes are refused, a released lease is taken at once; a standby's pull fetches only
+the files a batch changed and leaves the directory equal to the batch's cut.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support import commit_next_batch, materialize
+
+from ring.errors import ConfigError, Fenced, ProtocolError
+from ring.lease import (
+    DRIFT_MAX,
+    Lease,
+    check_timing,
+    first_lease,
+    holder_valid_until,
+    lapse_after_s,
+    parse_lease,
+)
+from ring.sync_client import SyncClient
+from spark_connector.checkpoint import read_cut
+from spark_connector.lease import QueryLease, lease_key, read_lease
+from spark_connector.pull import Puller
+from spark_connector.sync import StateSync
+from sr3.local import LocalCluster
+
+
+class FakeClock:
+    """A monotonic clock a test moves by hand (one per application)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lease_round_trips_and_malformed_values_are_refused() -> None:
+    lease = first_lease("host-a:12", 3.0, 1.7e9).renewed(1.7e9 + 1, {"batch": 4})
+    assert parse_lease(lease.encode()) == lease
+    taken = lease.taken_by("host-b:7", 5.0, 1.8e9)
+    assert (taken.fence, taken.holder, taken.timeout_s, taken.note) == (2, "host-b:7", 5.0, None)
+    for raw in (
+        b"not json",
+        b"[]",
+        b'{"format": 2}',
+        lease.encode().replace(b'"fence":1', b'"fence":0'),
+        lease.encode().replace(b'"fence":1', b'"fence":true'),
+        lease.encode().replace(b'"timeout_s":3.0', b'"timeout_s":1e9'),
+        lease.encode().replace(b'"holder":"host-a:12"', b'"holder":"a/b"'),
+    ):
+        with pytest.raises(ProtocolError):
+            parse_lease(raw)
+    with pytest.raises(ConfigError):
+        check_timing(3.0, 1.5, 0.05)  # no room for a second try inside the validity
+    with pytest.raises(ConfigError):
+        check_timing(0.1, 0.01, 0.05)
+
+
+@given(
+    delay_s=st.floats(min_value=1e-6, max_value=5.0),
+    timeout_s=st.floats(min_value=0.5, max_value=600.0),
+    drift=st.floats(min_value=0.0, max_value=DRIFT_MAX),
+    holder_rate=st.floats(min_value=-1.0, max_value=1.0),
+    observer_rate=st.floats(min_value=-1.0, max_value=1.0),
+)
+def test_a_holder_stops_before_any_observer_may_take_over(
+    delay_s: float, timeout_s: float, drift: float, holder_rate: float, observer_rate: float
+) -> None:
+    """In real time: the renewal is sent at 0 and first seen by the observer at
+    ``delay_s``; each clock runs at a rate within ``drift`` of true time."""
+    holder_speed = 1 + holder_rate * drift
+    observer_speed = 1 + observer_rate * drift
+    holder_end = holder_valid_until(0.0, timeout_s, drift) / holder_speed
+    observer_takes = delay_s + lapse_after_s(timeout_s, drift) / observer_speed
+    assert holder_end < observer_takes
+
+
+def make_lease(client: SyncClient, holder: str, clock: FakeClock, query: str) -> QueryLease:
+    return QueryLease(client, query, holder, timeout_s=3.0, renew_every_s=1.0, clock=clock)
+
+
+def test_one_holder_at_a_time_and_the_old_one_is_fenced(ring: LocalCluster) -> None:
+    query = f"lease-{random.randrange(10**9)}"
+    clock_a, clock_b = FakeClock(), FakeClock()
+    with SyncClient(ring.ring, ring.secret) as client:
+        a = make_lease(client, "host-a:1", clock_a, query)
+        b = make_lease(client, "host-b:2", clock_b, query)
+        assert a.try_acquire() is None and a.fence == 1 and a.valid()
+        seen = b.try_acquire()
+        assert seen is not None and seen.lease is not None and seen.lease.holder == "host-a:1"
+        # a renews while b's clock runs past the timeout: every renewal is a new version,
+        # so b never sees one unchanged for long enough.
+        for _ in range(5):
+            clock_a.now += 1.0
+            clock_b.now += 1.0
+            a.renew()
+            assert b.try_acquire() is not None
+        a.check_fence()
+        # a stops renewing (frozen: killed, or cut off). b must wait T(1+drift) of its
+        # own time after it first saw the last version.
+        assert b.try_acquire() is not None  # first sight of a's last renewal
+        clock_b.now += lapse_after_s(3.0, b.drift) - 0.01
+        assert b.try_acquire() is not None, "taken before the lease lapsed"
+        clock_b.now += 0.02
+        assert b.try_acquire() is None and b.fence == 2
+        lease, _version = read_lease(client, query)
+        assert lease is not None and (lease.holder, lease.fence) == ("host-b:2", 2)
+        # a comes back: its renewal and its fence check are refused, for good.
+        with pytest.raises(Fenced, match="host-b:2 with fence 2"):
+            a.renew()
+        assert not a.held and a.lost is not None
+        with pytest.raises(Fenced):
+            a.check_fence()
+        b.check_fence()
+        # b releases: a third application takes it at once, fence 3.
+        b.release()
+        c = make_lease(client, "host-c:3", FakeClock(), query)
+        assert c.try_acquire() is None and c.fence == 3
+        c.release()
+        client.delete_record(lease_key(query), expected_version=read_lease(client, query)[1])
+
+
+def test_a_holder_whose_lease_ran_out_refuses_its_own_writes(ring: LocalCluster) -> None:
+    query = f"lease-{random.randrange(10**9)}"
+    clock = FakeClock()
+    with SyncClient(ring.ring, ring.secret) as client:
+        a = make_lease(client, "host-a:1", clock, query)
+        assert a.try_acquire() is None
+        clock.now += 3.0 * (1 - a.drift) + 0.001  # past its validity, nothing renewed
+        assert not a.valid()
+        with pytest.raises(Fenced, match="not valid here"):
+            a.check_fence()  # refused before any write, even with its fence on the record
+        a.renew()  # it may renew (no one took it): valid again from the renewal
+        assert a.valid()
+        a.release()
+
+
+def test_the_renewing_thread_tells_a_holder_that_was_taken_over(ring: LocalCluster) -> None:
+    query = f"lease-{random.randrange(10**9)}"
+    with SyncClient(ring.ring, ring.secret) as client:
+        a = QueryLease(client, query, "host-a:1", timeout_s=1.0, renew_every_s=0.2)
+        assert a.try_acquire() is None
+        told: list[str] = []
+        done = threading.Event()
+        a.start_renewing(lambda why: (told.append(why), done.set()))
+        # Another application writes over the lease (as one would after a lapse).
+        lease, version = read_lease(client, query)
+        assert lease is not None
+        taken = lease.taken_by("host-b:2", 1.0, 1.8e9)
+        client.put_record(lease_key(query), taken.encode(), expected_version=version)
+        assert done.wait(10.0), "the holder was never told"
+        a.stop_renewing()
+        assert "host-b:2 with fence 2" in told[0] and not a.held
+
+
+def test_a_fenced_holder_pushes_nothing(
+    ring: LocalCluster, tmp_path: Path, rng: random.Random
+) -> None:
+    query = f"fenced-push-{random.randrange(10**9)}"
+    source = tmp_path / "ckpt"
+    materialize(source, rng)
+    clock = FakeClock()
+    with SyncClient(ring.ring, ring.secret) as client:
+        lease = make_lease(client, "host-a:1", clock, query)
+        assert lease.try_acquire() is None
+        with StateSync(ring.ring, query, source, ring.secret, lease=lease) as sync:
+            assert sync.push().batch_id == 19
+            other = make_lease(client, "host-b:2", FakeClock(), query)
+            current, version = read_lease(client, query)
+            assert current is not None
+            client.put_record(
+                lease_key(query),
+                current.taken_by(other.holder, 3.0, 1.8e9).encode(),
+                expected_version=version,
+            )
+            commit_next_batch(source, rng)
+            with pytest.raises(Fenced, match="host-b:2"):
+                sync.push()
+            assert sync.batches() == [19], "a fenced holder's manifest landed"
+            sync.forget(0)
+
+
+def test_a_standby_pull_fetches_only_what_a_batch_changed(
+    ring: LocalCluster, tmp_path: Path, rng: random.Random
+) -> None:
+    query = f"pull-{random.randrange(10**9)}"
+    source, standby = tmp_path / "active", tmp_path / "standby"
+    materialize(source, rng)
+    with (
+        StateSync(ring.ring, query, source, ring.secret, keep_batches=2) as sync,
+        SyncClient(ring.ring, ring.secret) as client,
+    ):
+        sync.push()
+        puller = Puller(client, query, standby)
+        first = puller.pull()
+        assert first is not None and first.whole and first.batch_id == 19
+        assert puller.pull() is None, "nothing new: nothing fetched"
+        new_files = commit_next_batch(source, rng)
+        sync.push()
+        second = puller.pull()
+        assert second is not None and not second.whole and second.batch_id == 20
+        assert second.bytes_fetched == sum(path.stat().st_size for path in new_files)
+        assert second.files_fetched == len(new_files)
+        # The directory is exactly batch 20's cut, byte for byte.
+        cut = read_cut(source, 20)
+        for entry in cut.files:
+            assert (standby / entry.path).read_bytes() == (source / entry.path).read_bytes()
+        named = {entry.path for entry in cut.files}
+        held = {
+            str(path.relative_to(standby)) for path in standby.rglob("*") if path.is_file()
+        }
+        assert held == named, "the directory is not the batch's cut"
+        dropped = {e.path for e in read_cut(source, 19).files} - named
+        assert second.files_deleted == len(dropped)
+        sync.forget(0)
+
+
+def test_a_lease_record_that_is_not_a_lease_is_an_error(ring: LocalCluster) -> None:
+    query = f"lease-{random.randrange(10**9)}"
+    with SyncClient(ring.ring, ring.secret) as client:
+        client.put_record(lease_key(query), b'{"format": 1}', expected_version=0)
+        with pytest.raises(ProtocolError):
+            make_lease(client, "host-a:1", FakeClock(), query).try_acquire()
+        client.delete_record(lease_key(query), expected_version=1)
+        # A deleted lease record is taken again, fence 1, over the tombstone's version.
+        lease = make_lease(client, "host-a:1", FakeClock(), query)
+        assert lease.try_acquire() is None and lease.fence == 1
+        assert isinstance(read_lease(client, query)[0], Lease)
+        lease.release()
