@@ -145,6 +145,10 @@ class QueryLease:
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
         self._listeners: list[Callable[[int, float], None]] = []
+        # The lease this holder took over (None: no one held it) and how long it had
+        # been seen unchanged then.
+        self.taken_from: Lease | None = None
+        self.taken_after_s = 0.0
         # Called before each renewal for the note it stores (the newest batch).
         self.note_source: Callable[[], dict[str, Any] | None] | None = None
 
@@ -207,6 +211,7 @@ class QueryLease:
         with self._lock:
             self._lease, self._version, self._lost = taken, version, None
             self._valid_until = holder_valid_until(sent, self.timeout_s, self.drift)
+        self.taken_from, self.taken_after_s = state.lease, state.unchanged_s
         HELD.labels(self.query).set(1)
         FENCE.labels(self.query).set(taken.fence)
         previous = state.lease

@@ -204,6 +204,7 @@ class Standby:
         self._seen_batch: int | None = None  # fs: newest committed batch seen
         self._status_version = 0
         self._status_written: tuple[float, int | None] = (-1e9, None)
+        self._prepared = False
         self._closing = threading.Event()
         self._lost = threading.Event()
         self.lost_why: str | None = None
@@ -216,17 +217,13 @@ class Standby:
         application to call it on a query no one holds starts at once. ``timeout_s``:
         give up waiting after that long (``SR3Error``)."""
         deadline = None if timeout_s is None else self._clock() + timeout_s
-        if self._puller is not None:
-            self._pull(None)  # a whole restore first: the rest are increments
-        self._warm_spark()
-        last: LeaseState | None = None
+        self.prepare()
         while True:
             if self._closing.is_set():
                 raise SR3Error(f"the standby of query {self.query} was closed")
             state = self.lease.try_acquire()
             if state is None:
                 break
-            last = state
             self._keep_up(state)
             if deadline is not None and self._clock() >= deadline:
                 holder = "no one" if state.lease is None else state.lease.holder
@@ -234,7 +231,17 @@ class Standby:
                     f"query {self.query} is still driven by {holder} after {timeout_s} s"
                 )
             self._closing.wait(self.poll_s)
-        return self._run_as_holder(last)
+        return self._run_as_holder()
+
+    def prepare(self) -> None:
+        """Get ready to take over (``take_over`` does it first; once): the whole
+        checkpoint pulled (StateSync) and one tiny Spark job run."""
+        if self._prepared:
+            return
+        if self._puller is not None:
+            self._pull(None)  # a whole restore first: the rest are increments
+        self._warm_spark()
+        self._prepared = True
 
     def _warm_spark(self) -> None:
         """Run one tiny job, so that the query's first batch finds the executors, the
@@ -350,14 +357,15 @@ class Standby:
 
     # -- holding ------------------------------------------------------------------------
 
-    def _run_as_holder(self, last: LeaseState | None) -> Any:
+    def _run_as_holder(self) -> Any:
         took_at = self._clock()
-        previous = None if last is None else last.lease
-        waited = 0.0 if last is None else last.unchanged_s
+        previous, waited = self.lease.taken_from, self.lease.taken_after_s
         catch_up_bytes = 0
         if self._puller is not None:
+            before = self.last_pull
             self._pull(None)  # the newest pushed batch: the last push may have landed
-            catch_up_bytes = 0 if self.last_pull is None else self.last_pull.bytes_fetched
+            if self.last_pull is not before and self.last_pull is not None:
+                catch_up_bytes = self.last_pull.bytes_fetched
             resumed = self._puller.batch_id
         else:
             self._follow_commits()
