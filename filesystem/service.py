@@ -5,7 +5,9 @@ Each request is one ``Namespace`` operation (``filesystem.namespace``), run thro
 client the peer opens for it with its own TLS. A file's body is streamed into the
 namespace as it arrives and checked against its signed digest before the file is named
 (a body that does not match is never visible). Refusals answer with their 4xx and code;
-a ring that cannot serve answers 503 ``unavailable``.
+a ring that cannot serve answers 503 ``unavailable``. A fenced write (``lease=&fence=``)
+reads its lease record first and is refused with 409 ``fenced`` unless the lease is held
+with that fence.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from filesystem.namespace import BODY_PIECE_BYTES, FsError, Namespace
-from ring import api, fs_api
+from ring import api, fs_api, lease
 from ring.api import Route
 from ring.auth import AuthFailure, BodyDigest
 from ring.client import Client, ClientOptions
@@ -55,6 +57,43 @@ def _error(error: FsError) -> web.Response:
 
 def _unavailable(exc: Exception) -> web.Response:
     return web.json_response(api.error_body("unavailable", str(exc)), status=503)
+
+
+def _fence_refusal(key: str, fence: int, record: bytes | None) -> str | None:
+    """Why a write fenced by ``fence`` on the lease record ``key`` (its value, None when
+    absent) must be refused, or None when that fence holds the lease."""
+    stop = "it must stop writing"
+    if record is None:
+        return f"fenced: no lease record {key}; this writer's fence {fence} is not held — {stop}"
+    try:
+        held = lease.parse_lease(record)
+    except ProtocolError as exc:
+        return f"fenced: record {key} is not a lease ({exc}): fence {fence} holds nothing — {stop}"
+    if held.released:
+        return (
+            f"fenced: lease {key} was released by {held.holder} (fence {held.fence}); "
+            f"this writer's fence {fence} no longer holds it — {stop}"
+        )
+    if held.fence != fence:
+        what = "was taken over" if fence < held.fence else "was never granted"
+        return (
+            f"fenced: lease {key} is held by {held.holder} with fence {held.fence}; "
+            f"this writer's fence {fence} {what} — {stop}"
+        )
+    return None
+
+
+async def _check_fence(ns: Namespace, request: web.Request) -> None:
+    """Refuse (409 "fenced") a fenced request whose fence does not hold its lease now:
+    a linearizable read of the lease record, before anything is read or written."""
+    fenced = fs_api.parse_fence(request.query)
+    if fenced is None:
+        return
+    key, fence = fenced
+    record = await ns.client.get_record(key)
+    refusal = _fence_refusal(key, fence, None if record is None else record.value)
+    if refusal is not None:
+        raise FsError(409, "fenced", refusal)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -109,6 +148,7 @@ class FileService:
         signed = request.get(SIGNED_BODY_DIGEST)
         if not isinstance(signed, BodyDigest):
             raise AuthFailure("the body of a file is signed")
+        await _check_fence(self.ns, request)
         digest = signed.hasher()
         verified = False
 
@@ -193,14 +233,16 @@ class FileService:
         )
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
-        removed = await self.ns.delete(_path(request), recursive=_flag(request, "recursive"))
+        path, recursive = _path(request), _flag(request, "recursive")
+        await _check_fence(self.ns, request)
+        removed = await self.ns.delete(path, recursive=recursive)
         return web.json_response({"deleted": removed})
 
     async def rename(self, request: web.Request) -> web.StreamResponse:
         source, target = fs_api.paths_of(fs_api.FS_RENAME, request.match_info, request.query)
-        stat = await self.ns.rename(
-            source, target, overwrite=_flag(request, "overwrite"), op=_op(request)
-        )
+        overwrite, op = _flag(request, "overwrite"), _op(request)
+        await _check_fence(self.ns, request)
+        stat = await self.ns.rename(source, target, overwrite=overwrite, op=op)
         return web.json_response(fs_api.stat_body(stat))
 
     async def usage(self, request: web.Request) -> web.StreamResponse:

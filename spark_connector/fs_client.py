@@ -4,6 +4,10 @@ It talks to one peer at a time (any peer coordinates) and moves on to the next s
 one cannot answer (unreachable, 503), at most ``rounds`` times over the seeds. A PUT or
 rename keeps its operation id across those attempts, so a retry of one that went through
 is recognized by the peer.
+
+Writes, renames and deletes may be fenced (``fence=(lease key, fence)``, ``ring.lease``):
+the peer refuses them unless that fence holds the lease now, and the refusal raises
+``Fenced``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from urllib.parse import quote
 from ring import api, fs_api
 from ring.client.view import parse_seeds
 from ring.config import resolve, resolve_tls
-from ring.errors import NotFound, PeerRejected, PeerUnavailable, SR3Error
+from ring.errors import Fenced, NotFound, PeerRejected, PeerUnavailable, SR3Error
 from ring.fs_api import Stat
 from ring.tls import ClientTls, client_context
 from ring.transport import Response, Transport
@@ -30,6 +34,8 @@ BACKOFF_S = 0.2
 READ_BYTES_MAX = 1024**3
 # Entries one ``list`` gathers over its pages, at most.
 LIST_ENTRIES_MAX = 1_000_000
+# A write's fence: the lease record's key and the fence its holder took.
+Fence = tuple[str, int]
 
 
 class FsRefused(SR3Error):
@@ -110,6 +116,8 @@ class FsClient:
                     error = api.parse_error(answer.body)
                     if answer.status == 404:
                         raise NotFound(error.message)
+                    if answer.status == 409 and error.code == "fenced":
+                        raise Fenced(error.message)
                     raise FsRefused(answer.status, error.code, error.message)
                 return answer
             if (attempt + 1) % len(self.seeds) == 0:
@@ -157,27 +165,36 @@ class FsClient:
         )
         return answer.body
 
-    async def write(self, path: str, data: bytes, *, overwrite: bool = False) -> Stat:
+    async def write(
+        self, path: str, data: bytes, *, overwrite: bool = False, fence: Fence | None = None
+    ) -> Stat:
         op = secrets.token_hex(12)
-        query = f"?op={op}" + ("&overwrite=1" if overwrite else "")
+        query = f"?op={op}" + ("&overwrite=1" if overwrite else "") + _fenced(fence)
         answer = await self._request(
             "PUT", fs_api.fs_path(fs_api.FS_WRITE, path) + query, body=data
         )
         return fs_api.parse_stat(answer.json())
 
-    async def delete(self, path: str, *, recursive: bool = False) -> int:
-        query = "?recursive=1" if recursive else ""
+    async def delete(
+        self, path: str, *, recursive: bool = False, fence: Fence | None = None
+    ) -> int:
+        pairs = ["recursive=1"] if recursive else []
+        pairs += [fs_api.fence_query(*fence)] if fence is not None else []
+        query = "?" + "&".join(pairs) if pairs else ""
         answer = await self._request("DELETE", fs_api.fs_path(fs_api.FS_DELETE, path) + query)
         deleted = answer.json().get("deleted") if isinstance(answer.json(), dict) else None
         if not isinstance(deleted, int):
             raise SR3Error("a delete answers {'deleted': n}")
         return deleted
 
-    async def rename(self, source: str, target: str, *, overwrite: bool = False) -> Stat:
+    async def rename(
+        self, source: str, target: str, *, overwrite: bool = False, fence: Fence | None = None
+    ) -> Stat:
         query = (
             f"?from={quote(fs_api.validate_path(source), safe='')}"
             f"&to={quote(fs_api.validate_path(target), safe='')}&op={secrets.token_hex(12)}"
             + ("&overwrite=1" if overwrite else "")
+            + _fenced(fence)
         )
         answer = await self._request("POST", fs_api.FS_RENAME.pattern + query)
         return fs_api.parse_stat(answer.json())
@@ -185,3 +202,8 @@ class FsClient:
     async def mkdirs(self, path: str) -> bool:
         answer = await self._request("POST", fs_api.fs_path(fs_api.FS_MKDIRS, path))
         return bool(answer.json().get("created"))
+
+
+def _fenced(fence: Fence | None) -> str:
+    """The query parameters a fenced request adds after others (none when unfenced)."""
+    return "" if fence is None else "&" + fs_api.fence_query(*fence)

@@ -37,6 +37,8 @@ from ring.errors import (
     ProtocolError,
     QuorumError,
     RecordConflict,
+    RecordContention,
+    RecordUnknown,
     SR3Error,
 )
 from ring.lease import (
@@ -57,6 +59,9 @@ from spark_connector.manifest import check_query_name
 __all__ = ["LeaseState", "QueryLease", "default_holder", "lease_key", "read_lease"]
 
 log = logging.getLogger(__name__)
+
+# A compare-and-set that failed one of these ways may have taken effect: read to know.
+_OUTCOME_UNKNOWN = (RecordUnknown, RecordContention)
 
 HELD = Gauge("sr3_lease_held", "1 while this application holds the query's lease.", ["query"])
 FENCE = Gauge("sr3_lease_fence", "Fence of the query's lease this application holds.", ["query"])
@@ -208,6 +213,11 @@ class QueryLease:
             )
         except RecordConflict:
             return self.observe()  # another standby won this version
+        except _OUTCOME_UNKNOWN:
+            # The take may have been chosen: it was if the record names this take.
+            current, version = read_lease(self._client, self.query)
+            if current is None or (current.holder, current.fence) != (taken.holder, taken.fence):
+                return self.observe()
         with self._lock:
             self._lease, self._version, self._lost = taken, version, None
             self._valid_until = holder_valid_until(sent, self.timeout_s, self.drift)
@@ -239,7 +249,7 @@ class QueryLease:
             version = self._client.put_record(
                 self.key, renewed.encode(), expected_version=self._version
             )
-        except RecordConflict:
+        except (RecordConflict, *_OUTCOME_UNKNOWN):
             self._adopt_or_lose()
             return
         with self._lock:
@@ -306,7 +316,7 @@ class QueryLease:
         )  # fmt: skip
         try:
             self._client.put_record(self.key, released.encode(), expected_version=self._version)
-        except (RecordConflict, QuorumError, DataUnavailable) as exc:
+        except (RecordConflict, *_OUTCOME_UNKNOWN, QuorumError, DataUnavailable) as exc:
             log.warning("sr3 lease of query %s not released (it will lapse): %s", self.query, exc)
         self._lose(f"the lease of query {self.query} was released by this application")
 

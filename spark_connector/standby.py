@@ -50,6 +50,8 @@ from ring.errors import (
     DataUnavailable,
     QuorumError,
     RecordConflict,
+    RecordContention,
+    RecordUnknown,
     SR3Error,
 )
 from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, Lease
@@ -351,7 +353,13 @@ class Standby:
         key = standbys_prefix(self.query) + self.lease.holder
         try:
             self._client.delete_record(key, expected_version=self._status_version)
-        except (RecordConflict, QuorumError, DataUnavailable) as exc:
+        except (
+            RecordConflict,
+            RecordUnknown,
+            RecordContention,
+            QuorumError,
+            DataUnavailable,
+        ) as exc:
             log.warning("sr3 standby status %s not deleted: %s", key, exc)
         self._status_version = 0
 
@@ -386,7 +394,7 @@ class Standby:
             if resumed is not None:
                 self.sync.resumed(resumed)
         self.streaming_query = self._start()
-        if self.sync is not None:
+        if self.sync is not None and self.streaming_query is not None:
             self.sync.register(self.streaming_query, self._session())
         started = self._clock()
         self.takeover = Takeover(

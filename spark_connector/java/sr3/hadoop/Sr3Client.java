@@ -319,6 +319,10 @@ final class Sr3Client implements Closeable {
         return new ParentNotDirectoryException(text);
       case "not_empty":
         return new PathIsNotEmptyDirectoryException(text);
+      case "fenced": // another driver took the lease over: this one must stop (Sr3Fence)
+        return new IOException(
+            answer.message().startsWith("fenced:") ? text : "sr3: " + path + ": fenced: "
+                + answer.message());
       default:
         return new IOException(text + " (" + answer.status() + " " + answer.code() + ")");
     }

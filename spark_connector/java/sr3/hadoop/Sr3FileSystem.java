@@ -149,9 +149,12 @@ public class Sr3FileSystem extends FileSystem {
 
   private Sr3Client.Answer move(String source, String target, boolean overwrite)
       throws IOException {
+    // Fenced when either end is in a held checkpoint's offset or commit log.
+    String fence = Sr3Fence.queryFor(target);
+    fence = fence.isEmpty() ? Sr3Fence.queryFor(source) : fence;
     String pathQs =
         "/v1/fs/rename?from=" + Sr3Client.quote(source) + "&to=" + Sr3Client.quote(target)
-            + "&op=" + Sr3Client.newOp() + (overwrite ? "&overwrite=1" : "");
+            + "&op=" + Sr3Client.newOp() + (overwrite ? "&overwrite=1" : "") + fence;
     return client.send("POST", pathQs, Sr3Client.Body.NONE);
   }
 
@@ -191,7 +194,9 @@ public class Sr3FileSystem extends FileSystem {
   @Override
   public boolean delete(Path path, boolean recursive) throws IOException {
     String target = pathOf(path);
-    String pathQs = Sr3Client.route("files", target) + (recursive ? "?recursive=1" : "");
+    String query = (recursive ? "&recursive=1" : "") + Sr3Fence.queryFor(target);
+    String pathQs =
+        Sr3Client.route("files", target) + (query.isEmpty() ? "" : "?" + query.substring(1));
     Sr3Client.Answer answer = client.send("DELETE", pathQs, Sr3Client.Body.NONE);
     if (answer.status() != 200) {
       throw Sr3Client.refusal(target, answer);

@@ -118,8 +118,11 @@ final class Sr3OutputStream extends OutputStream {
       } else {
         body = new Sr3Client.Body(Arrays.copyOf(memory, memoryBytes), null, sha256);
       }
+      // Fenced (a Spark offset or commit log file under a held lease): checked now, when
+      // the file is sent, against the lease's latest renewal.
       String pathQs =
-          Sr3Client.route("files", path) + "?op=" + op + (overwrite ? "&overwrite=1" : "");
+          Sr3Client.route("files", path) + "?op=" + op + (overwrite ? "&overwrite=1" : "")
+              + Sr3Fence.queryFor(path);
       Sr3Client.Answer answer = client.send("PUT", pathQs, body);
       if (answer.status() != 201) {
         throw Sr3Client.refusal(path, answer);
