@@ -30,6 +30,16 @@ UNRECOVERABLE = "sr3_peer_chunks_unrecoverable"
 WAIT_S = 30.0
 
 
+def _five_xx_routes(metrics: str) -> str:
+    """Which routes answered 5xx, for a failure's message."""
+    lines = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("sr3_peer_requests_total{") and 'status="5' in line
+    ]
+    return "5xx answers: " + "; ".join(lines)
+
+
 def _forged(raw: bytes, claimed: str) -> bytes:
     """``raw``'s stored form under the id ``claimed``: header and payload checksum
     valid, content not matching the address."""
@@ -230,7 +240,8 @@ async def test_a_chunk_bad_on_every_copy_is_reported_kept_and_healed_by_a_rewrit
             quarantine = Path(cluster.peer(peer_id).data_dir) / "quarantine"
             kept = [p.read_bytes() for p in quarantine.iterdir() if p.name.startswith(chunk_id)]
             assert bad in kept, peer_id
-            assert metric_value(await probe.metrics(address), FIVE_XX) == 0
+            metrics = await probe.metrics(address)
+            assert metric_value(metrics, FIVE_XX) == 0, _five_xx_routes(metrics)
         logs = [_log(cluster, index) for index in range(3)]
         assert all(f"chunk {chunk_id} is corrupt here and none of" in log for log in logs)
         async with Client(cluster.ring, cluster.secret) as client:
