@@ -204,6 +204,7 @@ class Standby:
         self.takeover: Takeover | None = None
         self.last_pull: PullReport | None = None
         self._seen_batch: int | None = None  # fs: newest committed batch seen
+        self._behind_bytes = 0  # sync: what the pull in progress (or that failed) fetches
         self._status_version = 0
         self._status_written: tuple[float, int | None] = (-1e9, None)
         self._prepared = False
@@ -272,7 +273,9 @@ class Standby:
                     self._puller.batch_id is None or active_batch > self._puller.batch_id
                 ):
                     self._pull(active_batch)
-            else:
+            elif (
+                active_batch is None or self._seen_batch is None or active_batch > self._seen_batch
+            ):
                 self._follow_commits()
             self._report(active_batch)
         except (QuorumError, DataUnavailable, SR3Error) as exc:
@@ -287,9 +290,11 @@ class Standby:
         if manifest is None:
             return
         behind_batches, behind_bytes = self._puller.behind(manifest)
+        self._behind_bytes = behind_bytes  # until the pull lands
         BEHIND_BATCHES.labels(self.query).set(behind_batches)
         BEHIND_BYTES.labels(self.query).set(behind_bytes)
         report = self._puller.pull(manifest)
+        self._behind_bytes = 0
         if report is None:
             return
         self.last_pull = report
@@ -334,7 +339,9 @@ class Standby:
         due = now - written_at >= (STATUS_EVERY_S if batch != written_batch else STATUS_REFRESH_S)
         if not due:
             return
-        status = StandbyStatus(self.lease.holder, self.mode, batch, behind, 0, pulled, self._wall())
+        status = StandbyStatus(
+            self.lease.holder, self.mode, batch, behind, self._behind_bytes, pulled, self._wall()
+        )
         self._put_status(status.encode())
         self._status_written = (now, batch)
 
@@ -433,9 +440,11 @@ class Standby:
     def _on_lost(self, why: str) -> None:
         self.lost_why = why
         self._lost.set()
+        note = self._note() or {}
         log.error(
-            "sr3 %s lost query %s: %s. Stopping the query.", self.lease.holder, self.query, why
-        )
+            "sr3 %s lost query %s at batch %s: %s. Stopping the query.", self.lease.holder,
+            self.query, note.get("batch", "none"), why,
+        )  # fmt: skip
         query = self.streaming_query
         if query is not None:
             try:
