@@ -220,9 +220,7 @@ def test_a_standby_pull_fetches_only_what_a_batch_changed(
         for entry in cut.files:
             assert (standby / entry.path).read_bytes() == (source / entry.path).read_bytes()
         named = {entry.path for entry in cut.files}
-        held = {
-            str(path.relative_to(standby)) for path in standby.rglob("*") if path.is_file()
-        }
+        held = {str(path.relative_to(standby)) for path in standby.rglob("*") if path.is_file()}
         assert held == named, "the directory is not the batch's cut"
         dropped = {e.path for e in read_cut(source, 19).files} - named
         assert second.files_deleted == len(dropped)

@@ -15,7 +15,9 @@
     sr3 fs ls|cat|get|put|mv|rm|du  the sr3:// namespace Spark's executors write
     sr3 spark list|restore|forget   Spark queries' state on the ring (and sr3:// checkpoints)
     sr3 spark conf                  --conf flags for spark-submit to use sr3://
+    sr3 spark standby --query Q     drive a query, or stand by to take it over
     sr3 drill                       rehearse a multi-failure recovery
+    sr3 drill --spark-standby       rehearse a driver's loss with a standby taking over
     sr3 demo                        the end-to-end demonstration on a local cluster
 
 Ring and secret come from --ring/--secret-file, then SR3_RING/SR3_SECRET, then the

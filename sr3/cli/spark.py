@@ -1,38 +1,57 @@
-"""``sr3 spark``: Spark queries' state on the ring (list, restore, forget), and the conf
-a session needs to checkpoint to ``sr3://`` (conf)."""
+"""``sr3 spark``: Spark queries' state on the ring (list, restore, forget), the conf
+a session needs to checkpoint to ``sr3://`` (conf), and an application that drives a
+query or stands by to take it over (standby)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import os
 import shlex
 import sys
+import tempfile
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ring.config import resolve_tls
-from ring.errors import SR3Error
+from ring.config import Settings, resolve_tls
+from ring.errors import ConfigError, ProtocolError, SR3Error
+from ring.lease import (
+    DRIFT_DEFAULT,
+    RENEW_EVERY_S_DEFAULT,
+    TIMEOUT_S_DEFAULT,
+    check_holder,
+    check_timing,
+)
 from ring.sync_client import SyncClient
 from sr3.cli._shared import (
     client_options,
     describe_error,
     fail,
     fail_cleanly,
+    human_size,
     ring_options,
     ring_settings,
 )
+from sr3.standby_app import SINKS
 
 if TYPE_CHECKING:
+    from ring.lease import Lease
     from spark_connector.fs_checkpoints import FsCheckpoint
     from spark_connector.restore import RestoreReport
+    from spark_connector.standby import StandbyStatus
+
+# A standby whose status is older than this many refresh periods is shown "silent".
+SILENT_REFRESHES = 3
 
 
 @click.group()
 def spark() -> None:
-    """Spark queries' state on the ring: list, restore, forget."""
+    """Spark queries' state on the ring: list, restore, forget; conf; standby."""
 
 
 @spark.command("list")
@@ -45,8 +64,15 @@ def spark() -> None:
 def spark_list(
     query: str | None, fs_root: str, as_json: bool, ring: str | None, secret_file: Path | None
 ) -> None:
-    """Queries with state on the ring (pushed by StateSync) and the batches kept for
-    each, then the checkpoints Spark wrote to sr3:// under --fs-root."""
+    """Queries with state on the ring (pushed by StateSync) or a lease (sr3 spark
+    standby): the batches kept for each, which application drives it and which stand
+    by; then the checkpoints Spark wrote to sr3:// under --fs-root.
+
+    Ages ("held for", "renewed ... ago", "updated ... ago") subtract wall-clock times
+    written on other machines from this machine's clock: they are as good as the clocks'
+    agreement. "lapsed?" (not renewed for longer than the lease's timeout) is advisory:
+    standbys judge a lapse on their own monotonic clocks. A standby is "silent" when its
+    status was not updated for three refresh periods."""
     from spark_connector.fs_checkpoints import find_checkpoints
     from spark_connector.fs_client import FsClient
     from spark_connector.sync import ring_queries
@@ -54,6 +80,7 @@ def spark_list(
     settings = ring_settings(ring, secret_file)
     with SyncClient(settings.ring, settings.secret, options=client_options(settings)) as client:
         queries = ring_queries(client, query)
+        entries = _query_entries(client, query, queries, time.time())
 
     async def checkpoints() -> list[FsCheckpoint]:
         async with FsClient(
@@ -63,27 +90,151 @@ def spark_list(
 
     found = [] if query else asyncio.run(checkpoints())
     if as_json:
-        entries = [
-            {"query": name, "batches": batches, "latest": batches[-1]}
-            for name, batches in queries.items()
-        ]
         paths = [
             {"checkpoint": f"sr3://{c.path}", "latest_committed": c.latest_committed} for c in found
         ]
         click.echo(json.dumps({"queries": entries, "checkpoints": paths}, indent=2))
         return
-    if not queries and not found:
+    if not entries and not found:
         click.echo(f"no query has state on the ring, and no sr3:// checkpoint is under {fs_root}")
         return
-    for name, batches in queries.items():
-        shown = ", ".join(str(batch) for batch in batches)
-        click.echo(f"{name}  latest {batches[-1]}  batches {shown}")
+    for entry in entries:
+        for line in _query_lines(entry):
+            click.echo(line)
     for checkpoint in found:
         latest = checkpoint.latest_committed
         click.echo(
             f"sr3://{checkpoint.path}  latest committed "
             + ("none" if latest is None else str(latest))
         )
+
+
+def _query_entries(
+    client: SyncClient, query: str | None, queries: dict[str, list[int]], now: float
+) -> list[dict[str, Any]]:
+    """Each query with manifests or a lease record: its batches, lease and standbys
+    (``now``: this machine's wall clock, for the ages)."""
+    from spark_connector.lease import read_lease
+    from spark_connector.manifest import check_query_name
+
+    keys = client.list_records(f"spark/{check_query_name(query)}/" if query else "spark/")
+    leased: set[str] = set()
+    standbys: dict[str, list[str]] = {}
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == "lease":
+            leased.add(parts[1])
+        elif len(parts) == 4 and parts[2] == "standbys":
+            standbys.setdefault(parts[1], []).append(key)
+    entries = []
+    for name in sorted(set(queries) | leased):
+        batches = queries.get(name, [])
+        lease: dict[str, Any] | None = None
+        if name in leased:
+            try:
+                found, _version = read_lease(client, name)
+                lease = None if found is None else _describe_lease(found, now)
+            except (ProtocolError, ConfigError) as exc:  # not a lease, or not a query name
+                lease = {"error": str(exc)}
+        entries.append({
+            "query": name, "batches": batches, "latest": batches[-1] if batches else None,
+            "lease": lease, "standbys": _read_standbys(client, sorted(standbys.get(name, [])), now),
+        })  # fmt: skip
+    return entries
+
+
+def _read_standbys(client: SyncClient, keys: list[str], now: float) -> list[dict[str, Any]]:
+    """The status records at ``keys`` (one that is not a status says why)."""
+    from spark_connector.standby import StandbyStatus
+
+    described = []
+    for key in keys:
+        record = client.get_record(key)
+        if record is None:  # dropped since the listing: that standby stopped
+            continue
+        try:
+            described.append(_describe_standby(StandbyStatus.decode(record.value), now))
+        except (ValueError, KeyError, TypeError) as exc:
+            described.append({"holder": key.rsplit("/", 1)[-1], "error": f"unreadable: {exc}"})
+    return described
+
+
+def _describe_lease(lease: Lease, now: float) -> dict[str, Any]:
+    """A lease as ``sr3 spark list`` shows it. ``lapsed`` is advisory (wall clocks)."""
+    note = lease.note or {}
+    batch = note.get("batch")
+    renewed_ago_s = now - lease.renewed_at
+    return {
+        "holder": lease.holder,
+        "fence": lease.fence,
+        "timeout_s": lease.timeout_s,
+        "acquired_at": lease.acquired_at,
+        "renewed_at": lease.renewed_at,
+        "held_for_s": round(now - lease.acquired_at, 3),
+        "renewed_ago_s": round(renewed_ago_s, 3),
+        "released": lease.released,
+        "lapsed": not lease.released and renewed_ago_s > lease.timeout_s,
+        "batch": batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
+    }
+
+
+def _describe_standby(status: StandbyStatus, now: float) -> dict[str, Any]:
+    from spark_connector.standby import STATUS_REFRESH_S
+
+    updated_ago_s = now - status.updated_at
+    return {
+        "holder": status.holder,
+        "mode": status.mode,
+        "batch": status.batch,
+        "behind_batches": status.behind_batches,
+        "behind_bytes": status.behind_bytes,
+        "pulled_bytes_last": status.pulled_bytes_last,
+        "updated_at": status.updated_at,
+        "updated_ago_s": round(updated_ago_s, 3),
+        "silent": updated_ago_s > SILENT_REFRESHES * STATUS_REFRESH_S,
+    }
+
+
+def _query_lines(entry: dict[str, Any]) -> list[str]:
+    batches = entry["batches"]
+    shown = ", ".join(str(batch) for batch in batches)
+    lines = [
+        f"{entry['query']}  latest {batches[-1]}  batches {shown}"
+        if batches
+        else f"{entry['query']}  no batches on the ring"
+    ]
+    if entry["lease"] is not None:
+        lines.append(f"  lease    {_lease_text(entry['lease'])}")
+    lines.extend(f"  standby  {_standby_text(standby)}" for standby in entry["standbys"])
+    return lines
+
+
+def _lease_text(lease: dict[str, Any]) -> str:
+    if "error" in lease:
+        return f"unreadable: {lease['error']}"
+    state = (
+        f"released {lease['renewed_ago_s']:.1f} s ago"
+        if lease["released"]
+        else f"renewed {lease['renewed_ago_s']:.1f} s ago"
+        + (f"  lapsed? (timeout {lease['timeout_s']:g} s)" if lease["lapsed"] else "")
+    )
+    batch = lease["batch"]
+    return (
+        f"{lease['holder']}  fence {lease['fence']}  held for {lease['held_for_s']:.1f} s  "
+        + state
+        + ("" if batch is None else f"  newest batch {batch}")
+    )
+
+
+def _standby_text(standby: dict[str, Any]) -> str:
+    if "error" in standby:
+        return f"{standby['holder']}  {standby['error']}"
+    batch = standby["batch"]
+    return (
+        f"{standby['holder']} ({standby['mode']})  batch {'-' if batch is None else batch}  "
+        f"behind {standby['behind_batches']} batches, {human_size(standby['behind_bytes'])}  "
+        f"updated {standby['updated_ago_s']:.1f} s ago" + ("  silent" if standby["silent"] else "")
+    )
 
 
 @spark.command("restore")
@@ -233,6 +384,113 @@ def _unreachable_members(client: SyncClient) -> list[str]:
 
 def _batches(batch_ids: list[int]) -> str:
     return ", ".join(str(batch_id) for batch_id in batch_ids) or "none"
+
+
+def _duration_option(
+    _context: click.Context, _param: click.Parameter, value: str | None
+) -> int | None:
+    from sr3.cli.data import duration_s
+
+    return None if value is None else duration_s(value)
+
+
+@spark.command("standby")
+@click.option("--query", required=True, help="The query's name (its lease: spark/QUERY/lease).")
+@click.option("--checkpoint", required=True,
+              help="The query's checkpoint: a local directory (pushed by StateSync, pulled by "
+                   "standbys) or sr3:///path.")  # fmt: skip
+@click.option("--input", "input_dir", help="The demo query's input: a folder of JSON event files.")
+@click.option("--output", "output_dir", help="Where the demo query writes its results.")
+@click.option("--sink", type=click.Choice(SINKS), default="foreach", show_default=True,
+              help="The demo query's sink: foreachBatch (a JSON file per batch) or Spark's "
+                   "parquet file sink.")  # fmt: skip
+@click.option("--app", help="module:function(spark, job) building the query's DataStreamWriter, "
+                            "not started (default: the demo query).")  # fmt: skip
+@click.option("--holder", help="This application's name in the lease (default: host:pid).")
+@click.option("--lease-timeout", type=float, default=TIMEOUT_S_DEFAULT, show_default=True,
+              help="Seconds without a renewal after which a standby may take over.")  # fmt: skip
+@click.option("--renew-every", type=float, default=RENEW_EVERY_S_DEFAULT, show_default=True,
+              help="Seconds between the active side's renewals.")  # fmt: skip
+@click.option("--until-batch", type=click.IntRange(0),
+              help="Stop once this batch is committed, releasing the lease.")  # fmt: skip
+@click.option("--run-max", callback=_duration_option,
+              help="Stop after this long: Ns, Nm, Nh or Nd (default: until stopped).")  # fmt: skip
+@click.option("--events", "events_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to append what happened, as JSON lines (default: "
+                   "sr3-standby-QUERY-PID.jsonl in the temp folder; printed).")  # fmt: skip
+@click.option("--master", default="local[2]", show_default=True, help="The Spark master.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535),
+              help="Serve the lease and standby metrics on 127.0.0.1:PORT.")  # fmt: skip
+@ring_options
+@fail_cleanly
+def spark_standby(
+    query: str, checkpoint: str, input_dir: str | None, output_dir: str | None, sink: str,
+    app: str | None, holder: str | None, lease_timeout: float, renew_every: float,
+    until_batch: int | None, run_max: int | None, events_path: Path | None, master: str,
+    metrics_port: int | None, ring: str | None, secret_file: Path | None,
+) -> None:  # fmt: skip
+    """Drive a query, or stand by for it: start the same command on two or more
+    machines. The first to come takes the query's lease and runs it; the others keep
+    their checkpoint close behind and take over when the lease lapses (its holder was
+    lost) or is released. Exit code: 0 done, 1 failed, 3 --run-max reached, 4 lease
+    lost to another application (this one was cut off)."""
+    import importlib.util
+
+    from spark_connector.manifest import check_query_name
+    from sr3.standby_app import StandbyJob, run
+
+    check_query_name(query)
+    if holder is not None:
+        check_holder(holder)
+    check_timing(lease_timeout, renew_every, DRIFT_DEFAULT)
+    if app is None and (input_dir is None or output_dir is None):
+        fail("the demo query needs --input and --output (or name your own with --app)")
+    if importlib.util.find_spec("pyspark") is None:
+        fail("pyspark is not installed here: sr3 spark standby runs a Spark application")
+    settings = ring_settings(ring, secret_file)
+    _export_ring(settings)
+    events = events_path or Path(tempfile.gettempdir()) / f"sr3-standby-{query}-{os.getpid()}.jsonl"
+    job = StandbyJob(
+        query=query, checkpoint=_local_or_sr3(checkpoint), input_dir=_local_or_sr3(input_dir),
+        output_dir=_local_or_sr3(output_dir), events_path=str(events.resolve()), sink=sink,
+        holder=holder or "", lease_timeout_s=lease_timeout, renew_every_s=renew_every,
+        until_batch=-1 if until_batch is None else until_batch,
+        run_s_max=math.inf if run_max is None else float(run_max), app=app or "", master=master,
+    )  # fmt: skip
+    click.echo(f"sr3 standby of {query}: events in {job.events_path}")
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1")
+        click.echo(f"sr3 standby of {query}: metrics at http://127.0.0.1:{metrics_port}/metrics")
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        code = run(job)
+    except KeyboardInterrupt:
+        fail(f"sr3 standby of {query} interrupted", exit_code=130)
+    sys.exit(code)
+
+
+def _local_or_sr3(path: str | None) -> str:
+    """An sr3:// path as given; a local one made absolute (the session may change
+    folders); nothing as ``""``."""
+    if not path:
+        return ""
+    return path if path.startswith("sr3:") else str(Path(path).resolve())
+
+
+def _export_ring(settings: Settings) -> None:
+    """Hand the ring, the secret and the client's TLS to the application through this
+    process's environment (never a command line, where ``ps`` shows it)."""
+    os.environ["SR3_RING"] = settings.ring
+    os.environ["SR3_SECRET"] = settings.secret
+    tls = resolve_tls(settings.cluster)
+    if tls is not None and not os.environ.get("SR3_TLS_CA"):
+        os.environ["SR3_TLS_CA"] = str(tls.ca_file)
+        if tls.cert_file is not None and tls.key_file is not None:
+            os.environ["SR3_TLS_CERT"] = str(tls.cert_file)
+            os.environ["SR3_TLS_KEY"] = str(tls.key_file)
 
 
 @spark.command("conf")
