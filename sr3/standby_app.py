@@ -57,6 +57,9 @@ class StandbyJob:
     renew_every_s: float = RENEW_EVERY_S_DEFAULT
     trigger_s: float = 0.5
     until_batch: int = -1  # stop after committing it (-1: run until killed or run_s_max)
+    # Stop once no batch ran for this long after one did (0: never); batch ids may shift
+    # after a takeover (a restarted query can plan two files into one batch).
+    stop_idle_s: float = 0.0
     run_s_max: float = 600.0
     app: str = ""  # module:function building the query; default: the demo query
     master: str = "local[2]"
@@ -207,8 +210,9 @@ def run(job: StandbyJob) -> int:
 
 
 def _drive(job: StandbyJob, standby: Any, query: Any, events: _Events, started: float) -> int:
-    """Watch the query's progress until ``until_batch``, the lease's loss or the end."""
-    newest = -1
+    """Watch the query's progress until ``until_batch`` or ``stop_idle_s``, the lease's
+    loss, or ``run_s_max``."""
+    newest, executed_at = -1, None
     while time.monotonic() - started < job.run_s_max:
         if standby.wait_lost(WATCH_S):
             events.write("lost", why=standby.lost_why)
@@ -219,18 +223,31 @@ def _drive(job: StandbyJob, standby: Any, query: Any, events: _Events, started: 
             return 1 if error is not None else 0
         progress = query.lastProgress
         batch = None if not progress else progress.get("batchId")
-        if isinstance(batch, int) and batch > newest:
-            newest = batch
+        # An idle trigger also reports progress (the next batch id, nothing run): only
+        # a batch that ran (``addBatch``) committed.
+        if isinstance(batch, int) and batch > newest and _executed(progress):
+            newest, executed_at = batch, time.monotonic()
             events.write("committed", batch=batch, rows=progress.get("numInputRows"))
-            if 0 <= job.until_batch <= batch:
-                query.stop()
-                if job.state_path:
-                    _write_state(query.sparkSession if hasattr(query, "sparkSession") else None,
-                                 job)  # fmt: skip
-                events.write("done", batch=batch)
-                return 0
+        reached = 0 <= job.until_batch <= newest
+        idle = (
+            job.stop_idle_s > 0
+            and executed_at is not None
+            and time.monotonic() - executed_at >= job.stop_idle_s
+            and not query.status["isTriggerActive"]
+        )
+        if reached or idle:
+            query.stop()
+            if job.state_path:
+                _write_state(None, job)
+            events.write("done", batch=newest, idle=idle and not reached)
+            return 0
     events.write("timeout", batch=newest)
     return 3
+
+
+def _executed(progress: Any) -> bool:
+    durations = progress.get("durationMs") or {}
+    return "addBatch" in durations
 
 
 def state_rows(spark: Any, checkpoint: str) -> list[str]:

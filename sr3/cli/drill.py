@@ -1,4 +1,6 @@
-"""``sr3 drill``: rehearse a multi-failure recovery and report how each topology did."""
+"""``sr3 drill``: rehearse a multi-failure recovery and report how each topology did;
+with ``--spark-standby``, a Spark query's active application and R-1 peers die at once
+and its hot standby takes over (``sr3.standby_drill``)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,34 @@ def _optional_rate(text: str | None) -> float | None:
     return parse_rate(text)
 
 
+# Options of the recovery drill only, and of the standby drill only (refused otherwise).
+RECOVERY_ONLY = (
+    "ring", "secret_file", "fail_count", "state_size", "topologies", "peer_bandwidth",
+    "requester_bandwidth", "latency_ms", "fan_in", "repeat", "plot_path",
+)  # fmt: skip
+STANDBY_ONLY = ("checkpoint_mode", "sink", "files", "lease_timeout_s")
+
+
+def _refuse_other_mode(context: click.Context, spark_standby: bool) -> None:
+    other = RECOVERY_ONLY if spark_standby else STANDBY_ONLY
+    given = [
+        name for name in other
+        if context.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+    ]  # fmt: skip
+    if given:
+        flags = [param.opts[0] for param in context.command.params if param.name in given]
+        mode = (
+            "--spark-standby (it runs on a fresh local ring)"
+            if spark_standby
+            else "the recovery drill"
+        )
+        raise ConfigError(f"{', '.join(flags)}: not for {mode}")
+
+
 @click.command()
 @ring_options
-@click.option("--peers", default=8, show_default=True, type=click.IntRange(2, 200))
+@click.option("--peers", type=click.IntRange(2, 200),
+              help="Peers of the local ring  [default: 8; 5 with --spark-standby]")  # fmt: skip
 @click.option("--replication", default=3, show_default=True, type=click.IntRange(1, 16))
 @click.option("--fail", "fail_count", default=2, show_default=True, type=click.IntRange(0, 199))
 @click.option("--state-size", default="64MiB", show_default=True)
@@ -48,18 +75,67 @@ def _optional_rate(text: str | None) -> float | None:
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--spark-standby",
+    is_flag=True,
+    help="Drill a Spark query's hot standby instead (needs sr3[spark] and Java 17).",
+)
+@click.option(
+    "--checkpoint-mode",
+    type=click.Choice(["sync", "fs"]),
+    default="sync",
+    show_default=True,
+    help="--spark-standby: local checkpoints kept by StateSync, or one shared on sr3://.",
+)
+@click.option(
+    "--sink",
+    type=click.Choice(["foreach", "files"]),
+    default="foreach",
+    show_default=True,
+    help="--spark-standby: foreachBatch (JSON per batch) or Spark's parquet file sink.",
+)
+@click.option(
+    "--files",
+    default=30,
+    show_default=True,
+    type=click.IntRange(6, 600),
+    help="--spark-standby: input files, one batch each.",
+)
+@click.option(
+    "--lease-timeout",
+    "lease_timeout_s",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(0.5, 600),
+    help="--spark-standby: the query lease's timeout, s.",
+)
+@click.pass_context
 @fail_cleanly
 def drill(
-    ring: str | None, secret_file: Path | None, peers: int, replication: int, fail_count: int,
-    state_size: str, topologies: str, peer_bandwidth: str | None,
-    requester_bandwidth: str | None, latency_ms: float, fan_in: int, seed: int, repeat: int,
-    json_path: Path | None, plot_path: Path | None,
+    context: click.Context, ring: str | None, secret_file: Path | None, peers: int | None,
+    replication: int, fail_count: int, state_size: str, topologies: str,
+    peer_bandwidth: str | None, requester_bandwidth: str | None, latency_ms: float,
+    fan_in: int, seed: int, repeat: int, json_path: Path | None, plot_path: Path | None,
+    spark_standby: bool, checkpoint_mode: str, sink: str, files: int, lease_timeout_s: float,
 ) -> None:  # fmt: skip
     """Rehearse a multi-failure recovery: write state, SIGKILL --fail peers at once,
     recover it with each topology, verify it, wait for the ring to heal, report.
 
     Runs on a fresh embedded local cluster unless --ring is given; on a running ring,
-    peers are killed through their admin endpoint (started with --enable-admin-kill)."""
+    peers are killed through their admin endpoint (started with --enable-admin-kill).
+
+    With --spark-standby (always on a fresh local ring): a Spark query runs in an active
+    application with a hot standby; the active one's whole process and R-1 peers are
+    SIGKILLed at once, the standby takes over; its output and state must equal an
+    uninterrupted run's. Exit code 2 when they do not or the standby never took over."""
+    _refuse_other_mode(context, spark_standby)
+    if spark_standby:
+        _standby_drill(
+            peers or 5, replication, seed, checkpoint_mode, sink, files, lease_timeout_s,
+            json_path,
+        )  # fmt: skip
+        return
+    peers = peers or 8
     from recovery.drill import DrillOptions
 
     chosen = tuple(t.strip() for t in topologies.split(",") if t.strip())
@@ -129,3 +205,96 @@ def _print_drill(report: Any) -> None:
                 f"({lost} of the state, bytes {ranges}) had no live replica",
                 highlight=False,
             )  # fmt: skip
+
+
+def _standby_drill(
+    peers: int, replication: int, seed: int, checkpoint_mode: str, sink: str, files: int,
+    lease_timeout_s: float, json_path: Path | None,
+) -> None:  # fmt: skip
+    from sr3.standby_drill import StandbyDrillOptions, run_standby_drill
+
+    options = StandbyDrillOptions(
+        peers=peers, replication=replication, files=files, seed=seed,
+        checkpoint_mode=checkpoint_mode, sink=sink, lease_timeout_s=lease_timeout_s,
+    )  # fmt: skip
+    progress = Console(stderr=True, highlight=False)
+    report = run_standby_drill(options, say=lambda line: progress.print(f"[dim]  {line}[/]"))
+    _print_standby(report)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if not report.ok:
+        sys.exit(2)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _print_standby(report: Any) -> None:
+    table = Table(
+        title=(
+            f"sr3 drill --spark-standby: {report.checkpoint_mode} checkpoint, {report.sink} "
+            f"sink, {report.files} batches, {report.peers} peers R={report.replication}; "
+            f"killed the active app and {', '.join(report.killed_peers)} (seed {report.seed})"
+        )
+    )
+    table.add_column("Measure")
+    table.add_column("Value", justify="right")
+    previous = report.previous or "no one"
+    resumed = "-" if report.resumed_after is None else str(report.resumed_after)
+    caught_up = "-" if report.catch_up_bytes is None else human_size(report.catch_up_bytes)
+    first = "" if report.first_batch is None else f" (batch {report.first_batch})"
+    rows = [
+        ("active app killed after batch", str(report.killed_after_batch)),
+        ("lease timeout", _seconds(report.lease_timeout_s)),
+        ("lease seen unchanged before taking it", _seconds(report.waited_s)),
+        ("SIGKILL -> standby's query running", _seconds(report.takeover_s)),
+        ("SIGKILL -> standby's first committed batch", _seconds(report.first_commit_s) + first),
+        ("fence (taken from)", f"{report.fence or '-'} ({previous}, fence {report.active_fence})"),
+        ("resumed after batch", resumed),
+        ("caught up at takeover", caught_up),
+        ("output", _verdict(report.output_matched, f"{report.rows_after} rows, "
+                            f"reference {report.rows_reference}")),
+        ("state", _verdict(report.state_matched, f"{report.state_rows} rows")),
+    ]  # fmt: skip
+    for measure, value in rows:
+        table.add_row(measure, value)
+    console = Console() if Console().is_terminal else Console(width=120)
+    console.print(table)
+    _print_standby_notes(console, report)
+
+
+def _verdict(matched: bool, detail: str) -> str:
+    return f"[green]MATCH[/] ({detail})" if matched else f"[red]MISMATCH[/] ({detail})"
+
+
+def _print_standby_notes(console: Console, report: Any) -> None:
+    if report.replayed:
+        same = "the same rows" if report.replays_identical else "other rows"
+        first, last = report.replayed[0], report.replayed[-1]
+        batches = f"batch {first}" if first == last else f"batches {first}..{last}"
+        console.print(
+            f"{batches} of the killed app ran again on the standby ({same}); the standby's "
+            "output replaces the killed app's",
+            highlight=False,
+        )  # fmt: skip
+    if report.batches_apart and report.output_matched:
+        console.print(
+            f"rows moved between batches from batch {report.batches_apart[0]} on (the "
+            "takeover folded the batch the killed app had planned into the next); every "
+            "row is there once", highlight=False,
+        )  # fmt: skip
+    if report.uncommitted_files:
+        console.print(
+            f"{report.uncommitted_files} parquet files no file sink log entry lists "
+            "(written when the app died) were not read", highlight=False,
+        )  # fmt: skip
+    if not report.took_over:
+        console.print("[red]the standby never took the query over[/]", highlight=False)
+    elif not report.finished:
+        console.print(
+            f"[red]the standby did not finish[/] (exit {report.standby_exit})", highlight=False
+        )
+    for line in report.differences:
+        console.print(f"[red]{line}[/]", highlight=False)
+    console.print(f"drill took {report.seconds:.0f} s", highlight=False)
