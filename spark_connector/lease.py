@@ -148,6 +148,8 @@ class QueryLease:
         # Watched: the version seen and since when (monotonic), to judge a lapse.
         self._seen: tuple[int, float] | None = None
         self._renewer: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
+        self._reported = False  # on_lost was called
         self._stop = threading.Event()
         self._listeners: list[Callable[[int, float], None]] = []
         # The lease this holder took over (None: no one held it) and how long it had
@@ -346,28 +348,63 @@ class QueryLease:
 
     def start_renewing(self, on_lost: Callable[[str], None]) -> None:
         """Renew every ``renew_every_s`` on a thread until ``stop_renewing``; call
-        ``on_lost(why)`` once when the lease is taken over or runs out."""
+        ``on_lost(why)`` once when the lease is taken over or runs out. A second thread
+        watches the validity itself, so that a renewal stuck in the network (it may
+        take the client's whole timeout) does not delay the news past the deadline."""
         if self._renewer is not None:
             raise ConfigError("the lease is renewed already")
         self._stop.clear()
+        self._reported = False
         self._renewer = threading.Thread(
             target=self._renew_loop, args=(on_lost,), name=f"sr3-lease-{self.query}", daemon=True
         )
+        self._watchdog = threading.Thread(
+            target=self._watch_loop, args=(on_lost,), name=f"sr3-lease-watch-{self.query}",
+            daemon=True,
+        )  # fmt: skip
         self._renewer.start()
+        self._watchdog.start()
 
     def stop_renewing(self) -> None:
+        """Stop both threads (a renewal in flight is waited for: at most the client's
+        timeout)."""
         renewer, self._renewer = self._renewer, None
-        if renewer is not None:
-            self._stop.set()
-            renewer.join()
+        watchdog, self._watchdog = self._watchdog, None
+        self._stop.set()
+        for thread in (watchdog, renewer):
+            if thread is not None:
+                thread.join()
 
     def _renew_loop(self, on_lost: Callable[[str], None]) -> None:
-        while not self._stop.wait(self.renew_every_s):
+        while not self._stop.wait(self.renew_every_s) and self._lost is None:
             why = self._renew_once()
             if why is not None:
-                self._lose(why)
-                on_lost(why)
+                self._report_lost(on_lost, why)
                 return
+
+    def _watch_loop(self, on_lost: Callable[[str], None]) -> None:
+        while self.held:
+            left = self.remaining_s()
+            if left <= 0:
+                self._report_lost(on_lost, self._ran_out())
+                return
+            if self._stop.wait(left):
+                return
+
+    def _report_lost(self, on_lost: Callable[[str], None], why: str) -> None:
+        """Lose the lease and tell ``on_lost``, once, whichever thread finds it first."""
+        with self._lock:
+            if self._reported:
+                return
+            self._reported = True
+        self._lose(why)
+        on_lost(why)
+
+    def _ran_out(self) -> str:
+        return (
+            f"the lease of query {self.query} (fence {self.fence}) ran out: no renewal got "
+            f"through in time; another application may take it, so this one must stop"
+        )
 
     def _renew_once(self) -> str | None:
         """One period's renewal (with ``RENEW_RETRIES_MAX`` quick retries): None when
@@ -382,9 +419,5 @@ class QueryLease:
                 RENEW_FAILURES.labels(self.query).inc()
                 log.warning("sr3 lease renewal of query %s failed: %s", self.query, exc)
             if not self.valid():
-                return (
-                    f"the lease of query {self.query} (fence {self.fence}) ran out: no renewal "
-                    f"got through for {self.timeout_s} s; another application may take it, so "
-                    "this one must stop"
-                )
+                return self._ran_out()
         return None

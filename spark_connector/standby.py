@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +77,8 @@ POLL_S_MIN = 0.05
 STATUS_EVERY_S = 2.0
 STATUS_REFRESH_S = 15.0
 STANDBY_STATUS_FORMAT = 1
+# The warm-up query (``Standby.prepare``) is stopped after this long.
+WARM_S_MAX = 120.0
 # The JVM counts a fence valid this much less than the Python side does (py4j's call).
 FENCE_MARGIN_MS = 50
 
@@ -165,6 +168,7 @@ class Standby:
         topology: str = "auto",
         overwrite: bool = False,
         keep_batches: int = KEEP_BATCHES_DEFAULT,
+        warm: bool = True,
         client_options: ClientOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -179,6 +183,7 @@ class Standby:
         self.poll_s = poll_s
         self.topology = topology
         self.keep_batches = keep_batches
+        self.warm = warm
         self._clock, self._wall = clock, wall_clock
         self.mode = "fs" if str(checkpoint_dir).startswith("sr3:") else "sync"
         self.checkpoint = (
@@ -238,7 +243,8 @@ class Standby:
 
     def prepare(self) -> None:
         """Get ready to take over (``take_over`` does it first; once): the whole
-        checkpoint pulled (StateSync) and one tiny Spark job run."""
+        checkpoint pulled (StateSync) and, unless ``warm=False``, a tiny streaming query
+        run to warm Spark up."""
         if self._prepared:
             return
         if self._puller is not None:
@@ -247,11 +253,47 @@ class Standby:
         self._prepared = True
 
     def _warm_spark(self) -> None:
-        """Run one tiny job, so that the query's first batch finds the executors, the
-        JIT and the classes it shares with every job warm."""
+        """Run a tiny streaming query of the same kind (stateful, ``foreachBatch``, the
+        session's state store provider) for two batches on a scratch directory, so that
+        the real query's first batch after a takeover finds the streaming engine, the
+        state store's code (RocksDB's native library), the JIT and the Python callback
+        server warm rather than loading them then."""
         spark = self._session()
-        if spark is not None:
-            spark.range(8).selectExpr("sum(id)").collect()
+        if spark is None or not self.warm:
+            return
+        started = self._clock()
+        with tempfile.TemporaryDirectory(prefix="sr3-standby-warm-") as scratch:
+            source = Path(scratch) / "input"
+            source.mkdir()
+            for index in range(2):
+                rows = "".join(
+                    f'{{"key": "k{key}", "ts": "2024-01-01T00:0{index}:0{key}"}}\n'
+                    for key in range(4)
+                )
+                (source / f"part-{index}.json").write_text(rows)
+            counts = (
+                spark.readStream.schema("key STRING, ts TIMESTAMP")
+                .option("maxFilesPerTrigger", 1)
+                .json(str(source))
+                .withWatermark("ts", "30 seconds")
+                .dropDuplicates(["key", "ts"])
+                .groupBy("key")
+                .count()
+            )
+            query = (
+                counts.writeStream.outputMode("update")
+                .foreachBatch(_count_rows)
+                .option("checkpointLocation", str(Path(scratch) / "checkpoint"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            finished = query.awaitTermination(WARM_S_MAX)
+            if not finished:
+                query.stop()
+        log.info(
+            "sr3 standby of query %s warmed Spark's streaming engine in %.2f s",
+            self.query, self._clock() - started,
+        )  # fmt: skip
 
     def _session(self) -> Any:
         if self._spark is None:
@@ -493,6 +535,10 @@ class Standby:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _count_rows(batch: Any, _batch_id: int) -> None:
+    batch.count()
 
 
 def _starter(start: Any) -> Callable[[], Any]:

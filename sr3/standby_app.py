@@ -227,7 +227,10 @@ def _drive(job: StandbyJob, standby: Any, query: Any, events: _Events, started: 
         # a batch that ran (``addBatch``) committed.
         if isinstance(batch, int) and batch > newest and _executed(progress):
             newest, executed_at = batch, time.monotonic()
-            events.write("committed", batch=batch, rows=progress.get("numInputRows"))
+            events.write(
+                "committed", batch=batch, rows=progress.get("numInputRows"),
+                duration_ms=progress.get("durationMs"),
+            )  # fmt: skip
         reached = 0 <= job.until_batch <= newest
         idle = (
             job.stop_idle_s > 0

@@ -14,13 +14,14 @@ from __future__ import annotations
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from support import commit_next_batch, materialize
 
-from ring.errors import ConfigError, Fenced, ProtocolError
+from ring.errors import ConfigError, Fenced, PeerUnavailable, ProtocolError
 from ring.lease import (
     DRIFT_MAX,
     Lease,
@@ -239,3 +240,46 @@ def test_a_lease_record_that_is_not_a_lease_is_an_error(ring: LocalCluster) -> N
         assert lease.try_acquire() is None and lease.fence == 1
         assert isinstance(read_lease(client, query)[0], Lease)
         lease.release()
+
+
+class StuckRenewals:
+    """A ring client whose record writes hang until released (a renewal lost in a
+    partition, waiting out the client's timeout); reads go to the real client."""
+
+    def __init__(self, client: SyncClient) -> None:
+        self._client = client
+        self.release = threading.Event()
+        self.stuck = threading.Event()
+
+    def get_record(self, key: str, **options: Any) -> Any:
+        return self._client.get_record(key, **options)
+
+    def put_record(self, key: str, value: bytes, **options: Any) -> int:
+        self.stuck.set()
+        self.release.wait(30.0)
+        raise PeerUnavailable(key, "the test's partition")
+
+
+def test_a_holder_is_told_when_its_lease_runs_out_even_while_a_renewal_hangs(
+    ring: LocalCluster,
+) -> None:
+    query = f"lease-{random.randrange(10**9)}"
+    with SyncClient(ring.ring, ring.secret) as client:
+        lease = QueryLease(client, query, "host-a:1", timeout_s=1.0, renew_every_s=0.2)
+        assert lease.try_acquire() is None
+        stuck = StuckRenewals(client)
+        lease._client = stuck  # type: ignore[assignment]
+        told: list[str] = []
+        lost = threading.Event()
+        lease.start_renewing(lambda why: (told.append(why), lost.set()))
+        try:
+            assert stuck.stuck.wait(10.0), "no renewal was attempted"
+            # The renewal hangs; the holder must hear that its lease ran out while it
+            # still hangs, not when the client's timeout ends it.
+            assert lost.wait(10.0), "never told that the lease ran out"
+            assert not stuck.release.is_set()
+            assert "ran out" in told[0] and not lease.valid()
+        finally:
+            stuck.release.set()
+            lease.stop_renewing()
+        assert len(told) == 1, "told more than once"
