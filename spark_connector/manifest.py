@@ -23,6 +23,7 @@ from typing import Any
 
 from ring.blobs import BlobRef
 from ring.errors import ConfigError, ProtocolError
+from ring.lease import FENCE_MAX
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -79,6 +80,9 @@ class Manifest:
     pushed_at: float | None = None
     host: str | None = None
     query_id: str | None = None
+    # The fence of the lease its pusher held (``spark_connector.lease``), None when the
+    # query is not driven under a lease.
+    fence: int | None = None
 
     def chunk_ids(self) -> list[str]:
         return sorted({e.chunk_id for f in self.files for e in f.blob.extents})
@@ -108,7 +112,7 @@ class Manifest:
             "state_version": self.state_version,
             "root": self.root,
         }
-        for name in ("pushed_at", "host", "query_id"):
+        for name in ("pushed_at", "host", "query_id", "fence"):
             value = getattr(self, name)
             if value is not None:
                 data[name] = value
@@ -132,9 +136,18 @@ class Manifest:
                 pushed_at=_optional_time(data.get("pushed_at")),
                 host=_optional_text(data.get("host"), HOST_CHARS_MAX),
                 query_id=_optional_text(data.get("query_id"), QUERY_ID_CHARS_MAX),
+                fence=_optional_fence(data.get("fence")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed manifest: {exc!r}") from exc
+
+
+def _optional_fence(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= FENCE_MAX:
+        raise ProtocolError(f"manifest fence must be an integer in 1..{FENCE_MAX}")
+    return value
 
 
 def format_wall(seconds: float) -> str:

@@ -105,6 +105,7 @@ class Pusher:
         wall_clock: Callable[[], float] = time.time,
         host: str | None = None,
         guard: Callable[[], None] | None = None,
+        fence: Callable[[], int] | None = None,
     ) -> None:
         assert keep_batches >= 1, "the newest batch is always kept"
         assert recheck_s >= 0, "recheck_s is a duration"
@@ -117,6 +118,9 @@ class Pusher:
         # Called right before each manifest write; raises ``Fenced`` when this pusher's
         # application no longer holds the query's lease (``spark_connector.lease``).
         self.guard = guard
+        # The lease's fence, stored in each manifest (a reader skips a manifest fenced
+        # below an earlier batch's: ``spark_connector.restore.newest_manifest``).
+        self.fence = fence
         # Stored in each manifest: when and where it was pushed from.
         self._wall_clock = wall_clock
         self.host = host if host is not None else socket.gethostname()
@@ -184,6 +188,7 @@ class Pusher:
             self.query, cut.batch_id, cut.state_version, str(self.checkpoint_dir),
             tuple(ManifestFile(path, files[path]) for path in sorted(files)),
             pushed_at=self._wall_clock(), host=self.host, query_id=self._read_query_id(cut.files),
+            fence=None if self.fence is None else self.fence(),
         )  # fmt: skip
         if self.guard is not None:
             self.guard()

@@ -38,7 +38,7 @@ from recovery.plan import Topology, parse_topology
 from ring.errors import ConfigError, SR3Error
 from ring.files import READ_BYTES, fsync_dir
 from ring.sync_client import SyncClient
-from spark_connector.catalog import latest_batch
+from spark_connector.catalog import query_batches
 from spark_connector.local import LocalCheckpoint, divergence, inspect_local
 from spark_connector.manifest import Manifest, ManifestFile, manifest_key
 
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 # A restore lists the ring again when the newest manifest vanished (retention) before
 # it was read, at most this many times.
 LIST_ATTEMPTS_MAX = 3
+# Manifests read to put the newest one in fence order (the query keeps 3 by default).
+FENCED_CHECKED_MAX = 8
 # Small files whose contents may name the checkpoint's absolute path (transformWithState
 # operator metadata): rewritten when a state is restored into another directory.
 REWRITE_BYTES_MAX = 1024 * 1024
@@ -99,15 +101,48 @@ def read_manifest(client: SyncClient, query: str, batch_id: int) -> Manifest | N
 
 def newest_manifest(client: SyncClient, query: str) -> Manifest | None:
     """The newest manifest of ``query``, or None when the ring has none (listed again
-    when retention deletes the newest listed before it is read)."""
+    when retention deletes the newest listed before it is read).
+
+    A query driven under a lease (a standby pair) stamps each manifest with its
+    pusher's fence. A manifest fenced below an earlier batch's comes from a holder that
+    was taken over, and landed late (a write whose value reached an acceptor before its
+    holder was cut off can be completed by a later round): it is skipped for the newest
+    one that continues the newer holder's history, and the newer holder overwrites it
+    when it pushes that batch itself."""
     for _attempt in range(LIST_ATTEMPTS_MAX):
-        batch_id = latest_batch(client, query)
-        if batch_id is None:
+        batch_ids = query_batches(client, query)
+        if not batch_ids:
             return None
-        manifest = read_manifest(client, query, batch_id)
-        if manifest is not None:
-            return manifest
+        newest = read_manifest(client, query, batch_ids[-1])
+        if newest is None:
+            continue
+        if newest.fence is None or len(batch_ids) == 1:
+            return newest
+        return _newest_in_fence_order(client, query, batch_ids[-FENCED_CHECKED_MAX:-1], newest)
     raise SR3Error(f"the newest manifest of query {query} kept vanishing (retention)")
+
+
+def _newest_in_fence_order(
+    client: SyncClient, query: str, earlier_ids: list[int], newest: Manifest
+) -> Manifest:
+    """The newest of ``earlier_ids``' manifests and ``newest`` whose fence is at least
+    every earlier batch's (unfenced manifests are not compared)."""
+    manifests = [read_manifest(client, query, batch_id) for batch_id in earlier_ids]
+    chosen, highest = None, 0
+    for manifest in [*manifests, newest]:
+        if manifest is None:
+            continue  # deleted by retention since the listing
+        if manifest.fence is None or manifest.fence >= highest:
+            chosen = manifest
+            highest = max(highest, manifest.fence or 0)
+        else:
+            log.warning(
+                "sr3 skips batch %d of query %s: pushed with fence %d, below an earlier "
+                "batch's %d (from a driver that was taken over)",
+                manifest.batch_id, query, manifest.fence, highest,
+            )  # fmt: skip
+    assert chosen is not None, "newest is always a candidate"
+    return chosen
 
 
 def restore_manifest(

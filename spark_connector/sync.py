@@ -109,6 +109,7 @@ class StateSync:
             keep_batches=keep_batches,
             recheck_s=recheck_s,
             guard=None if lease is None else lease.check_fence,
+            fence=None if lease is None else (lambda: lease.fence),
         )
         # The worker calls self.push: what a subclass adds to a push holds for its pushes.
         self._worker = PushWorker(

@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import commit_next_batch, materialize
 
+from ring.codec import compact_json
 from ring.errors import ConfigError, Fenced, PeerUnavailable, ProtocolError
 from ring.lease import (
     DRIFT_MAX,
@@ -32,9 +33,12 @@ from ring.lease import (
     parse_lease,
 )
 from ring.sync_client import SyncClient
+from spark_connector.catalog import forget
 from spark_connector.checkpoint import read_cut
 from spark_connector.lease import QueryLease, lease_key, read_lease
+from spark_connector.manifest import Manifest, manifest_key
 from spark_connector.pull import Puller
+from spark_connector.restore import newest_manifest
 from spark_connector.sync import StateSync
 from sr3.local import LocalCluster
 
@@ -283,3 +287,33 @@ def test_a_holder_is_told_when_its_lease_runs_out_even_while_a_renewal_hangs(
             stuck.release.set()
             lease.stop_renewing()
         assert len(told) == 1, "told more than once"
+
+
+def test_a_manifest_from_a_holder_that_was_taken_over_is_not_the_newest(
+    ring: LocalCluster,
+) -> None:
+    """A late manifest of the old holder (fence 1) above the new holder's batches (fence
+    2) is skipped; without fences the newest batch is the newest manifest."""
+    query = f"fenced-manifests-{random.randrange(10**9)}"
+
+    def put(batch_id: int, fence: int | None) -> None:
+        manifest = Manifest(query, batch_id, batch_id + 1, "/ckpt", (), fence=fence)
+        client.put_record(
+            manifest_key(query, batch_id), compact_json(manifest.to_json()), expected_version=0
+        )
+
+    with SyncClient(ring.ring, ring.secret) as client:
+        put(4, 1)
+        put(5, 2)
+        put(6, 1)  # the old holder's push, landed after the takeover
+        newest = newest_manifest(client, query)
+        assert newest is not None and (newest.batch_id, newest.fence) == (5, 2)
+        put(7, 2)
+        newest = newest_manifest(client, query)
+        assert newest is not None and newest.batch_id == 7
+        forget(client, query, 0)
+        put(8, None)
+        put(9, None)
+        newest = newest_manifest(client, query)
+        assert newest is not None and newest.batch_id == 9
+        forget(client, query, 0)

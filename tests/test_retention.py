@@ -292,7 +292,9 @@ def test_retention_keeps_the_newest_batches_and_the_spark_commands_work(
     listed = sr3(cluster, "spark", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout) == {
-        "queries": [{"query": "kept", "batches": [19, 20], "latest": 20}],
+        "queries": [
+            {"query": "kept", "batches": [19, 20], "latest": 20, "lease": None, "standbys": []}
+        ],
         "checkpoints": [],
     }
     target = tmp_path / "restored"
