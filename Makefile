@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-containers lint check bench faults clean jar
+.PHONY: install demo test test-containers test-standby lint check bench faults clean jar
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,13 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(PY) -m pytest -q --durations=10 -m "not containers"
+	$(PY) -m pytest -q --durations=10 -m "not containers and not standby"
+
+# The hot standby's drills (tests/test_standby_drill.py, tests/test_standby_partition.py):
+# Spark applications SIGKILLed with peers, or cut off in network namespaces (root). CI runs
+# it after `make test`.
+test-standby: install
+	$(PY) -m pytest -q --durations=5 -m standby
 
 # The compose deployment on a real container engine (tests/test_compose_engine.py): builds
 # a base image from Debian's archive the first time (root, debootstrap), then the

@@ -124,6 +124,13 @@ def _session(job: StandbyJob) -> Any:
         credential = os.environ.get("SR3_CREDENTIAL") or None
         secret = None if credential else os.environ.get("SR3_SECRET")
         conf.update(spark_conf(os.environ.get("SR3_RING"), secret, credential=credential))
+    if job.master.startswith("local-cluster"):
+        from sr3.cluster_app import spark_home
+
+        # Executors are JVMs of their own, started from pyspark's Spark home; their
+        # Python workers (if any) run this interpreter.
+        conf["spark.test.home"] = spark_home()
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(job.master).appName(f"sr3-standby-{job.query}")
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -38,6 +38,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -72,6 +73,7 @@ REFERENCE_QUERY = "standby-drill-reference"
 BASE_PORT_DEFAULT = 7340
 FILES_MIN, FILES_MAX = 6, 600
 TRIGGER_S = 0.5
+MASTER = re.compile(r"local\[[1-9][0-9]?\]|local-cluster\[[1-9],[1-9],[1-9][0-9]{2,4}\]")
 # An application whose query ran no batch for this long after its last one is done
 # (every file read, the windows closed): the end of a run whose batch ids shifted.
 IDLE_STOP_S = 8.0
@@ -96,6 +98,7 @@ class StandbyDrillOptions:
     checkpoint_mode: str = "sync"  # sync: StateSync local checkpoints; fs: one sr3:// one
     sink: str = "foreach"  # foreach (JSON per batch) or files (parquet)
     lease_timeout_s: float = TIMEOUT_S_DEFAULT
+    master: str = "local[2]"  # or local-cluster[N,CORES,MiB]: executors in JVMs of their own
     base_port: int = BASE_PORT_DEFAULT
     keep_dir: Path | None = None  # work there and keep the files (else a temporary home)
 
@@ -114,6 +117,8 @@ class StandbyDrillOptions:
                 f"at least {2 * self.killed_peers + 1} peers"
             )
         check_timing(self.lease_timeout_s, self.renew_every_s, DRIFT_DEFAULT)
+        if MASTER.fullmatch(self.master) is None:
+            raise ConfigError("--master: local[N] or local-cluster[N,CORES,MiB]")
 
     @property
     def killed_peers(self) -> int:
@@ -321,7 +326,8 @@ def _job(options: StandbyDrillOptions, home: Path, name: str) -> StandbyJob:
         output_dir=str(output), events_path=str(home / f"events-{name}.jsonl"),
         sink=options.sink, holder=f"drill-{name}", lease_timeout_s=options.lease_timeout_s,
         renew_every_s=options.renew_every_s, trigger_s=TRIGGER_S,
-        until_batch=options.until_batch, stop_idle_s=IDLE_STOP_S, run_s_max=options.run_s_max,
+        master=options.master, until_batch=options.until_batch, stop_idle_s=IDLE_STOP_S,
+        run_s_max=options.run_s_max,
         state_path=str(home / f"state-{name}.json"),
     )  # fmt: skip
 

@@ -47,15 +47,22 @@ def _drill(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
 
 
 @pytest.mark.slow
+@pytest.mark.standby
 @pytest.mark.timeout(DRILL_TIMEOUT_S + 60)
-@pytest.mark.parametrize(("mode", "sink"), [("sync", "foreach"), ("fs", "files")])
+@pytest.mark.parametrize(
+    ("mode", "sink", "master"),
+    [("sync", "foreach", "local[2]"), ("fs", "files", "local-cluster[2,1,1024]")],
+)
 def test_standby_takes_over_after_the_active_app_and_two_peers_die(
-    tmp_path: Path, mode: str, sink: str
+    tmp_path: Path, mode: str, sink: str, master: str
 ) -> None:
+    """sr3:// with executors in JVMs of their own (local-cluster): they write the state
+    straight to the ring, the drivers fence their commits."""
     require_spark()
     code, report, output = _drill(
-        tmp_path, "--checkpoint-mode", mode, "--sink", sink, "--files", "12", "--seed", "3"
-    )
+        tmp_path, "--checkpoint-mode", mode, "--sink", sink, "--files", "12", "--seed", "3",
+        "--master", master,
+    )  # fmt: skip
     assert code == 0, output
     assert set(report) >= REPORT_FIELDS, report
     assert report["ok"] and report["took_over"] and report["finished"], output

@@ -639,6 +639,7 @@ def history_of(
 
 
 @pytest.mark.slow
+@pytest.mark.standby
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("mode", MODES)
 def test_a_driver_cut_off_past_its_lease_never_commits_after_the_takeover(
@@ -665,6 +666,7 @@ def test_a_driver_cut_off_past_its_lease_never_commits_after_the_takeover(
 
 
 @pytest.mark.slow
+@pytest.mark.standby
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_a_driver_cut_off_briefly_keeps_its_lease(lab: Lab, rng: random.Random) -> None:
     """Breaks: the active driver's host is cut off from the peers and the standby for

@@ -109,6 +109,13 @@ def _refuse_other_mode(context: click.Context, spark_standby: bool) -> None:
     type=click.FloatRange(0.5, 600),
     help="--spark-standby: the query lease's timeout, s.",
 )
+@click.option(
+    "--master",
+    default="local[2]",
+    show_default=True,
+    help="--spark-standby: the applications' Spark master: local[N], or "
+    "local-cluster[N,CORES,MiB] for executors in JVMs of their own.",
+)
 @click.pass_context
 @fail_cleanly
 def drill(
@@ -117,6 +124,7 @@ def drill(
     peer_bandwidth: str | None, requester_bandwidth: str | None, latency_ms: float,
     fan_in: int, seed: int, repeat: int, json_path: Path | None, plot_path: Path | None,
     spark_standby: bool, checkpoint_mode: str, sink: str, files: int, lease_timeout_s: float,
+    master: str,
 ) -> None:  # fmt: skip
     """Rehearse a multi-failure recovery: write state, SIGKILL --fail peers at once,
     recover it with each topology, verify it, wait for the ring to heal, report.
@@ -132,7 +140,7 @@ def drill(
     if spark_standby:
         _standby_drill(
             peers or 5, replication, seed, checkpoint_mode, sink, files, lease_timeout_s,
-            json_path,
+            master, json_path,
         )  # fmt: skip
         return
     peers = peers or 8
@@ -209,13 +217,14 @@ def _print_drill(report: Any) -> None:
 
 def _standby_drill(
     peers: int, replication: int, seed: int, checkpoint_mode: str, sink: str, files: int,
-    lease_timeout_s: float, json_path: Path | None,
+    lease_timeout_s: float, master: str, json_path: Path | None,
 ) -> None:  # fmt: skip
     from sr3.standby_drill import StandbyDrillOptions, run_standby_drill
 
     options = StandbyDrillOptions(
         peers=peers, replication=replication, files=files, seed=seed,
         checkpoint_mode=checkpoint_mode, sink=sink, lease_timeout_s=lease_timeout_s,
+        master=master,
     )  # fmt: skip
     progress = Console(stderr=True, highlight=False)
     report = run_standby_drill(options, say=lambda line: progress.print(f"[dim]  {line}[/]"))
