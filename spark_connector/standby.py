@@ -12,7 +12,8 @@ runs the query; the others wait, kept close behind it:
 - for a query whose checkpoint is on ``sr3://``, the checkpoint is on the ring already;
   a standby reads its commit log through its own JVM's ``sr3://`` client as batches
   commit, which keeps that client's classes, connections and TLS sessions warm and
-  tells how far behind it is.
+  tells how far behind it is, and reads ahead the state files the first batch after a
+  takeover would load (``spark_connector.warm``: bounded, each file once).
 
 When the lease lapses (its holder stopped renewing it: lost machine, killed process,
 partition) or is released, one standby takes it, raising its fence: it pulls what is
@@ -30,6 +31,7 @@ list`` shows them) and in Prometheus gauges of the driver's default registry.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import tempfile
@@ -58,12 +60,14 @@ from ring.errors import (
 from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, Lease
 from ring.sync_client import SyncClient
 from spark_connector.fs_checkpoints import SCHEME, fs_path_of
+from spark_connector.fs_client import FsClient
 from spark_connector.lease import LeaseState, QueryLease
 from spark_connector.manifest import check_query_name
 from spark_connector.pull import Puller, PullReport
 from spark_connector.push import KEEP_BATCHES_DEFAULT
 from spark_connector.restore import read_manifest
 from spark_connector.sync import StateSync
+from spark_connector.warm import WarmReport, warm_state
 
 __all__ = ["STANDBY_STATUS_FORMAT", "Standby", "StandbyStatus", "Takeover", "standbys_prefix"]
 
@@ -77,6 +81,8 @@ POLL_S_MIN = 0.05
 STATUS_EVERY_S = 2.0
 STATUS_REFRESH_S = 15.0
 STANDBY_STATUS_FORMAT = 1
+# An sr3:// standby reads the newest state files ahead at most this often.
+WARM_EVERY_S = 10.0
 # The warm-up query (``Standby.prepare``) is stopped after this long.
 WARM_S_MAX = 120.0
 # The JVM counts a fence valid this much less than the Python side does (py4j's call).
@@ -89,6 +95,9 @@ BEHIND_BYTES = Gauge(
     "sr3_standby_behind_bytes", "Bytes the standby would fetch to catch up.", ["query"]
 )
 PULLED_BYTES = Counter("sr3_standby_pulled_bytes", "Bytes a standby pulled.", ["query"])
+WARMED_BYTES = Counter(
+    "sr3_standby_read_ahead_bytes", "State bytes an sr3:// standby read ahead.", ["query"]
+)
 LEASE_UNCHANGED = Gauge(
     "sr3_standby_lease_unchanged_seconds",
     "How long the standby has seen the lease record unchanged.",
@@ -210,6 +219,9 @@ class Standby:
         self.last_pull: PullReport | None = None
         self._seen_batch: int | None = None  # fs: newest committed batch seen
         self._behind_bytes = 0  # sync: what the pull in progress (or that failed) fetches
+        # sr3://: state files read ahead (path, size, mtime), and when the last pass ran.
+        self._warmed: set[tuple[str, int, int]] = set()
+        self._warmed_at = -1e9
         self._status_version = 0
         self._status_written: tuple[float, int | None] = (-1e9, None)
         self._prepared = False
@@ -363,6 +375,26 @@ class Standby:
         batches = [int(name) for name in names if name.isdigit()]
         if batches:
             self._seen_batch = max(batches)
+
+    def _warm_state(self) -> None:
+        """sr3://: read the state files the first batch after a takeover would load
+        (``spark_connector.warm``), at most every ``WARM_EVERY_S``."""
+        batch = self._seen_batch
+        if batch is None or self._clock() - self._warmed_at < WARM_EVERY_S:
+            return
+        self._warmed_at = self._clock()
+
+        async def warm() -> WarmReport:
+            async with FsClient(self._ring, self._secret) as client:
+                return await warm_state(client, self.checkpoint, batch + 1, self._warmed)
+
+        report = asyncio.run(warm())
+        WARMED_BYTES.labels(self.query).inc(report.bytes_read)
+        log.info(
+            "sr3 standby of query %s read ahead %d state files, %d bytes, for batch %d%s",
+            self.query, report.files, report.bytes_read, batch + 1,
+            " (bounded: the rest on the next pass)" if report.truncated else "",
+        )  # fmt: skip
 
     def _report(self, active_batch: int | None) -> None:
         """Write this standby's status record when its batch changed (at most every
