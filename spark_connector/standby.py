@@ -51,6 +51,7 @@ from ring.config import resolve
 from ring.errors import (
     ConfigError,
     DataUnavailable,
+    PeerError,
     QuorumError,
     RecordConflict,
     RecordContention,
@@ -241,10 +242,16 @@ class Standby:
         while True:
             if self._closing.is_set():
                 raise SR3Error(f"the standby of query {self.query} was closed")
-            state = self.lease.try_acquire()
+            try:
+                state = self.lease.try_acquire()
+            except (QuorumError, DataUnavailable, RecordContention, PeerError) as exc:
+                # The ring cannot decide the lease now (peers failing): ask again.
+                log.warning("sr3 standby of query %s cannot read the lease: %s", self.query, exc)
+                state = LeaseState(None, -1, 0.0)
             if state is None:
                 break
-            self._keep_up(state)
+            if state.version >= 0:
+                self._keep_up(state)
             if deadline is not None and self._clock() >= deadline:
                 holder = "no one" if state.lease is None else state.lease.holder
                 raise SR3Error(

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from support import commit_next_batch, materialize
 
 from ring.codec import compact_json
-from ring.errors import ConfigError, Fenced, PeerUnavailable, ProtocolError
+from ring.errors import ConfigError, DataUnavailable, Fenced, PeerUnavailable, ProtocolError
 from ring.lease import (
     DRIFT_MAX,
     Lease,
@@ -39,6 +39,7 @@ from spark_connector.lease import QueryLease, lease_key, read_lease
 from spark_connector.manifest import Manifest, manifest_key
 from spark_connector.pull import Puller
 from spark_connector.restore import newest_manifest
+from spark_connector.standby import Standby
 from spark_connector.sync import StateSync
 from sr3.local import LocalCluster
 
@@ -317,3 +318,42 @@ def test_a_manifest_from_a_holder_that_was_taken_over_is_not_the_newest(
         newest = newest_manifest(client, query)
         assert newest is not None and newest.batch_id == 9
         forget(client, query, 0)
+
+
+class FlakyReads:
+    """A ring client whose first ``failures`` record reads fail as a ring that cannot
+    reach a quorum does; everything else goes to the real client."""
+
+    def __init__(self, client: SyncClient, failures: int) -> None:
+        self._client = client
+        self.failures = failures
+
+    def get_record(self, key: str, **options: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise DataUnavailable(f"record {key}: too few acceptors answered (the test's)")
+        return self._client.get_record(key, **options)
+
+    def put_record(self, key: str, value: bytes, **options: Any) -> int:
+        return self._client.put_record(key, value, **options)
+
+
+def test_a_standby_keeps_waiting_while_the_ring_cannot_decide_the_lease(
+    ring: LocalCluster, tmp_path: Path
+) -> None:
+    query = f"standby-flaky-{random.randrange(10**9)}"
+    with SyncClient(ring.ring, ring.secret) as client:
+        holder = QueryLease(client, query, "host-a:1", timeout_s=1.0, renew_every_s=0.2)
+        assert holder.try_acquire() is None
+        standby = Standby(
+            ring.ring, query, tmp_path / "b", ring.secret, start=lambda: None, holder="host-b:2",
+            timeout_s=1.0, renew_every_s=0.2, poll_s=0.05, warm=False,
+        )  # fmt: skip
+        flaky = FlakyReads(client, failures=5)
+        standby.lease._client = flaky  # type: ignore[assignment]
+        try:
+            holder.release()
+            standby.take_over(timeout_s=30.0)
+            assert flaky.failures == 0 and standby.lease.fence == 2
+        finally:
+            standby.close()
