@@ -73,6 +73,7 @@ from spark_connector.manifest import Manifest
 from spark_connector.restore import read_manifest
 from sr3.local import LocalCluster
 from sr3.standby_app import StandbyJob, read_events
+from sr3.standby_drill import group_pids, kill_group
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -86,7 +87,6 @@ APP_START_S_MAX = 300.0  # a process to its SparkSession, first pull and first b
 IDLE_S_MAX = 180.0
 TAKEOVER_S_MAX = 120.0  # after the lease lapsed: catch-up, query start, first batch
 APP_RUN_S_MAX = 1800.0  # an application nobody kills stops by itself after this long
-GROUP_EXIT_S_MAX = 10.0
 POLL_S = 0.1
 MANIFEST_POLL_S = 0.5  # the ring keeps 3 manifests of a query: read each before it goes
 LOG_TAIL_LINES = 30
@@ -169,33 +169,6 @@ def launched(name: str, job: StandbyJob, env: dict[str, str], cwd: Path) -> Iter
         yield App(name, process, Path(job.events_path), log_path)
     finally:
         kill_group(process)
-
-
-def kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL every process of the group ``process`` leads, and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    try:
-        process.wait(GROUP_EXIT_S_MAX)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"process {process.pid} still runs after SIGKILL") from None
-    deadline = time.monotonic() + GROUP_EXIT_S_MAX
-    while group_pids(process.pid):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"process group {process.pid} still runs after SIGKILL")
-        time.sleep(0.05)
-
-
-def group_pids(group_id: int) -> list[int]:
-    """The live processes of a group (zombies left out)."""
-    pids = []
-    for stat_path in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError):
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")".
-            state, _ppid, group = stat_path.read_text().rpartition(")")[2].split()[:3]
-            if int(group) == group_id and state not in ("Z", "X"):
-                pids.append(int(stat_path.parent.name))
-    return pids
 
 
 def group_cpu_s(group_id: int) -> float:

@@ -63,6 +63,8 @@ __all__ = [
     "StandbyDrillOptions",
     "StandbyDrillReport",
     "committed_parquet_files",
+    "group_pids",
+    "kill_group",
     "merge_outputs",
     "run_standby_drill",
 ]
@@ -357,10 +359,10 @@ def _launched(name: str, job: StandbyJob, env: dict[str, str], home: Path) -> It
     try:
         yield _App(name, job, process, log_path)
     finally:
-        _kill_group(process)
+        kill_group(process)
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
+def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL every process of the group ``process`` leads, and reap it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -369,21 +371,22 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         raise SR3Error(f"process {process.pid} still runs after SIGKILL") from None
     deadline = time.monotonic() + GROUP_EXIT_S_MAX
-    while _group_alive(process.pid):
+    while group_pids(process.pid):
         if time.monotonic() > deadline:
             raise SR3Error(f"process group {process.pid} still runs after SIGKILL")
         time.sleep(0.05)
 
 
-def _group_alive(group_id: int) -> bool:
-    """Whether a process of the group still runs (zombies do not count)."""
+def group_pids(group_id: int) -> list[int]:
+    """The live processes of a group (zombies left out)."""
+    pids = []
     for stat_path in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError):
             # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")".
             state, _ppid, group = stat_path.read_text().rpartition(")")[2].split()[:3]
             if int(group) == group_id and state not in ("Z", "X"):
-                return True
-    return False
+                pids.append(int(stat_path.parent.name))
+    return pids
 
 
 def _wait_for(
@@ -428,7 +431,7 @@ def _kill_together(app: _App, cluster: LocalCluster, options: StandbyDrillOption
     os.killpg(app.process.pid, signal.SIGKILL)
     for peer_id in victims:
         cluster.kill(peer_id)
-    _kill_group(app.process)
+    kill_group(app.process)
     return _Kill(wall, _newest_batch(app.events()), victims)
 
 
