@@ -52,7 +52,7 @@ from sr3.local import BASE_PORT_DEFAULT, LocalCluster
 from sr3.spark_demo import JobArgs, Output, ResumeResult, Row, read_output, write_inputs
 from sr3.statedata import write_state_file
 
-__all__ = ["SparkDemoOptions", "compare_outputs", "run_spark_demo", "run_demo"]
+__all__ = ["SparkDemoOptions", "compare_outputs", "run_demo", "run_spark_demo", "work_home"]
 
 QUERY = "demo"
 POLL_S = 0.2
@@ -172,7 +172,7 @@ def run_spark_demo(options: SparkDemoOptions) -> int:
         f"(seed {options.seed})",
         flush=True,
     )
-    with _home(options.keep_dir) as home:
+    with work_home(options.keep_dir) as home:
         begin = time.monotonic()
         cluster = LocalCluster.create(
             home / "cluster", options.peers, cluster_file=home / "cluster.json",
@@ -292,9 +292,11 @@ def _resume(
 
 
 @contextlib.contextmanager
-def _home(keep_dir: Path | None) -> Iterator[Path]:
+def work_home(keep_dir: Path | None, prefix: str = "sr3-demo-") -> Iterator[Path]:
+    """Where a demo or drill works: ``keep_dir`` (must be empty; kept afterwards), or a
+    temporary directory named ``prefix...`` removed afterwards."""
     if keep_dir is None:
-        with tempfile.TemporaryDirectory(prefix="sr3-demo-") as name:
+        with tempfile.TemporaryDirectory(prefix=prefix) as name:
             yield Path(name)
         return
     if keep_dir.exists() and any(keep_dir.iterdir()):

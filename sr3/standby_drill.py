@@ -43,7 +43,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +52,7 @@ from typing import Any
 
 from ring.errors import ConfigError, SR3Error
 from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, check_timing
+from sr3.demo import work_home
 from sr3.drills import DRILL_PEER_FLAGS
 from sr3.local import LocalCluster
 from sr3.spark_demo import Output, Row, read_output, write_inputs
@@ -250,7 +250,7 @@ def run_standby_drill(
     require_spark()
     if options.sink == "files" and importlib.util.find_spec("pyarrow") is None:
         raise ConfigError("--sink files needs pyarrow to read the parquet output")
-    with _home(options.keep_dir) as home:
+    with work_home(options.keep_dir, "sr3-standby-drill-") as home:
         started = time.monotonic()
         cluster = LocalCluster.create(
             home / "cluster", options.peers, replication=options.replication,
@@ -332,18 +332,6 @@ def _job(options: StandbyDrillOptions, home: Path, name: str) -> StandbyJob:
         run_s_max=options.run_s_max,
         state_path=str(home / f"state-{name}.json"),
     )  # fmt: skip
-
-
-@contextlib.contextmanager
-def _home(keep_dir: Path | None) -> Iterator[Path]:
-    if keep_dir is None:
-        with tempfile.TemporaryDirectory(prefix="sr3-standby-drill-") as name:
-            yield Path(name)
-        return
-    if keep_dir.exists() and any(keep_dir.iterdir()):
-        raise ConfigError(f"{keep_dir} is not empty")
-    keep_dir.mkdir(parents=True, exist_ok=True)
-    yield keep_dir.resolve()
 
 
 @contextlib.contextmanager
