@@ -14,18 +14,24 @@ proposer, which retries above it.
 Three shortcuts keep the common cases to one round trip per replica, each safe for the
 reason given:
 
-- **Fast create** (ballot 0, the fast round of Fast Paxos): a writer creating a key sends
-  ``accept`` at ballot 0 directly; an acceptor takes it only if it never promised or
-  accepted anything for the key. The value counts as chosen only when all R accepted, so a
-  later proposer that sees ballot-0 values recovers one only if every promise it gathered
-  holds that same value (otherwise none was chosen: at least one of the R refused).
+- **Fast create** (ballot 0, the fast round of Fast Paxos, Lamport 2006): a writer
+  creating a key sends ``accept`` at ballot 0 directly; an acceptor takes it only if it
+  never promised or accepted anything for the key. The value counts as chosen once a
+  *fast quorum* of ``F`` acceptors accepted it (``fast_quorum``: the smallest F such that
+  any promise quorum meets any two fast quorums, ``P + 2F > n``; 4 of 5 for records, all
+  3 of 3). A later proposer whose promises ``Q`` hold ballot-0 values (and no classic
+  one) recovers value v only if at least ``|Q| - (n - F)`` of them hold it: if v was
+  chosen, at most ``n - F`` acceptors lack it, so that many of ``Q`` hold it, and no
+  other value can reach as many (``|Q| > 2(n - F)``); if none reaches it, none was
+  chosen, and none can be (the promises refuse ballot 0 from then on).
 - **A writer's next ballot**: an ``accept`` may carry ``next``, the writer's following
   ballot; an acceptor that accepts promises ``next`` at the same moment. When enough
   acceptors (``R - W + 1``, and ``W`` for the write itself) did, the writer's next change
   of the key may skip ``prepare``: those promises were given while the acceptors held the
   value the writer knows, which is what ``prepare`` would have returned.
 - **Reads that find the value chosen**: answers from the preferred peers holding one
-  accepted ballot and write at ``max(W, R - W + 1)`` of them (all R for ballot 0), or
+  accepted ballot and write at ``max(W, R - W + 1)`` of them (a fast quorum for ballot
+  0), or
   ``R - W + 1`` holding nothing, are the register's state; only a read that finds replicas
   disagreeing runs a round (an accept of the state it found) before it answers.
 
@@ -70,6 +76,7 @@ __all__ = [
     "chosen_value",
     "decode_slot",
     "encode_slot",
+    "fast_quorum",
     "majority",
     "prepare",
     "record_group",
@@ -209,25 +216,50 @@ def accept(
     return Slot(promised, ballot, value, deleted_at)
 
 
-def recovered_value(promises: Sequence[Slot]) -> tuple[Ballot | None, Value]:
+def fast_quorum(group: int, promise_quorum: int) -> int:
+    """Acceptors of ``group`` that must accept a ballot-0 value for it to be chosen: the
+    smallest F with ``promise_quorum + 2F > 2 * group``, so that any promise quorum meets
+    any two fast quorums (two fast values cannot both look chosen to a recovery). 4 of 5
+    with promise quorums of 3; all of a group of 3 with promise quorums of 2."""
+    if not 1 <= promise_quorum <= group:
+        raise ValueError(f"a promise quorum of {promise_quorum} in a group of {group}")
+    return min(group, (2 * group - promise_quorum) // 2 + 1)
+
+
+def recovered_value(
+    promises: Sequence[Slot], group: int | None = None, fast: int | None = None
+) -> tuple[Ballot | None, Value]:
     """The register's state from a quorum of promises: the value at the highest classic
-    ballot; else a fast-round value only if every promise holds it (it may have been
-    chosen); else absent."""
+    ballot; else a fast-round value that may have been chosen: one held by at least
+    ``len(promises) - (group - fast)`` of them (every promise when ``group`` and ``fast``,
+    the fast quorum, are not given: a group without fast rounds); else absent."""
     classic = [s for s in promises if s.accepted is not None and s.accepted != FAST]
     if classic:
         best = max(classic, key=lambda s: s.accepted or FAST)
         return best.accepted, best.value
-    fast = {s.value for s in promises if s.accepted == FAST}
-    if len(fast) == 1 and all(s.accepted == FAST for s in promises):
-        return FAST, next(iter(fast))
+    missing = 0 if group is None or fast is None else group - fast
+    needed = max(1, len(promises) - missing)
+    counts: dict[Value, int] = {}
+    for slot in promises:
+        if slot.accepted == FAST:
+            counts[slot.value] = counts.get(slot.value, 0) + 1
+    candidates = [value for value, count in counts.items() if count >= needed]
+    if len(candidates) > 1:
+        # Impossible with quorums that meet (``fast_quorum``): a caller's sizes are wrong.
+        raise AssertionError(f"{len(promises)} promises recover {len(candidates)} fast values")
+    if candidates:
+        return FAST, candidates[0]
     return None, EMPTY
 
 
 def chosen_value(answers: Sequence[Slot], replication: int, write_quorum: int) -> Value | None:
     """The chosen value, if ``answers`` (one per distinct preferred peer) show it without a
-    round: ``max(W, R - W + 1)`` at one classic ballot and value, all R at ballot 0, or
-    ``R - W + 1`` that never accepted anything (absent). None: a round must decide."""
-    needed = max(write_quorum, replication - write_quorum + 1)
+    round: ``max(W, R - W + 1)`` at one classic ballot and value, a fast quorum at ballot
+    0 (``fast_quorum``), or ``R - W + 1`` that never accepted anything (absent). None: a
+    round must decide."""
+    promise_quorum = replication - write_quorum + 1
+    needed = max(write_quorum, promise_quorum)
+    fast = fast_quorum(replication, promise_quorum)
     groups: dict[tuple[Ballot, Value], int] = {}
     empty = 0
     for slot in answers:
@@ -236,9 +268,9 @@ def chosen_value(answers: Sequence[Slot], replication: int, write_quorum: int) -
         else:
             groups[(slot.accepted, slot.value)] = groups.get((slot.accepted, slot.value), 0) + 1
     for (ballot, value), count in groups.items():
-        if count >= (replication if ballot == FAST else needed):
+        if count >= (fast if ballot == FAST else needed):
             return value
-    if empty >= replication - write_quorum + 1:
+    if empty >= promise_quorum:
         return EMPTY
     return None
 

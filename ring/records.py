@@ -191,6 +191,14 @@ class ScanPage:
     last: str
 
 
+def _most_held(values: Sequence[Value]) -> Value:
+    """The value most of ``values`` are, ties broken by operation id (deterministic)."""
+    counts: dict[Value, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return max(counts, key=lambda value: (counts[value], value.op))
+
+
 class RecordStore:
     """The slots of one peer. Every change is serialized by one lock and durable before
     it returns (slots are small; a round writes one per key and acceptor)."""
@@ -416,20 +424,31 @@ class RecordStore:
     async def merge(self, key: str, slots: Sequence[Slot]) -> Slot:
         """Take in the slots other acceptors hold for ``key`` (a new owner catching up):
         the highest promise, and the value with the highest accepted ballot (a value some
-        acceptor really accepted, so a later round sees what it would have seen there)."""
+        acceptor really accepted, so a later round sees what it would have seen there).
+
+        Ballot 0 (a fast create) can hold different values on different acceptors: a
+        slot that accepted one keeps it (an acceptor votes once per ballot), and an empty
+        one takes the value most of the merged slots hold. A value chosen by a fast
+        quorum is held by all but ``n - F`` of a group (one of five), so it is the one
+        most of any majority of that group hold."""
         async with self._lock:
             current = await self._slot(key, locked=True)
             merged = current
             for other in slots:
                 check_value(other.value)
-                promised = max(merged.promised, other.promised)
-                if other.accepted is not None and (
-                    merged.accepted is None or other.accepted > merged.accepted
-                ):
-                    deleted_at = self._wall_clock() if other.value.deleted else None
-                    merged = Slot(promised, other.accepted, other.value, deleted_at)
+            promised = max([current.promised, *(other.promised for other in slots)])
+            best = max(
+                (other.accepted for other in slots if other.accepted is not None), default=None
+            )
+            if best is not None and (current.accepted is None or best > current.accepted):
+                if best == paxos.FAST:
+                    value = _most_held([o.value for o in slots if o.accepted == paxos.FAST])
                 else:
-                    merged = replace(merged, promised=promised)
+                    value = next(o.value for o in slots if o.accepted == best)
+                deleted_at = self._wall_clock() if value.deleted else None
+                merged = Slot(promised, best, value, deleted_at)
+            else:
+                merged = replace(current, promised=promised)
             if merged != current:
                 await self._write(key, merged)
             return merged

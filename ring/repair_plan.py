@@ -77,8 +77,10 @@ def plan_record(
     replication: int,
 ) -> RecordAction:
     """Decide for a record ``me`` holds; ``versions`` maps peers to the version they hold
-    (absent or 0: none). Records are tiny, so every holder of the newest version pushes
-    it to live preference members that are behind."""
+    (absent or 0: none). The newest version is pushed to live preference members that
+    are behind by its first live holder among the preference members (one copy sent, not
+    one per holder: a create leaves one acceptor of five to repair), and by every holder
+    outside them (a peer handing its records over)."""
     mine = versions.get(me, 0)
     if mine <= 0:
         raise AssertionError("plan_record is only for records this peer holds")
@@ -86,7 +88,11 @@ def plan_record(
     behind = tuple(
         peer for peer in preference if peer in live and peer != me and versions.get(peer, 0) < mine
     )
-    push = behind if mine == newest else ()
+    first_holder = next(
+        (p for p in preference if (p == me or p in live) and versions.get(p, 0) == newest), None
+    )
+    pusher = me not in preference or first_holder == me
+    push = behind if mine == newest and pusher else ()
     if me in preference:
         return RecordAction(push, False)
     caught_up = len(preference) >= replication and all(

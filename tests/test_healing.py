@@ -32,13 +32,14 @@ from support import (
     SEED_ENV,
     HttpProbe,
     MakeCluster,
+    acceptors_of,
     chunk_file,
     chunk_holders,
     metric_value,
     next_base_port,
 )
 
-from ring import codec
+from ring import api, codec, paxos, records_api
 from ring.auth import generate_secret
 from ring.blobs import BlobRef
 from ring.client import Client, ClientOptions
@@ -454,6 +455,48 @@ async def test_sigstopped_peer_gets_its_hinted_writes_back_and_extra_copies_go(
             )
             assert delivered >= len(for_victim)
             await assert_reads_back(client, contents, f"after {victim} came back")
+
+
+async def test_repair_copies_a_fast_create_to_the_acceptor_it_did_not_ask_once(
+    make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Breaks: records created in the fast round, which asks four of each key's five
+    acceptors. Must hold: repair brings every record to all five acceptors with the
+    value chosen, and sends each record's copy once (the first holder pushes, not all
+    four): accepts served on all peers end at exactly five per record."""
+    cluster = make_cluster(5, peer_flags=peer_flags(rng))
+    keys = [f"fast/{index}" for index in range(20)]
+    async with Client(cluster.ring, cluster.secret) as client:
+        for key in keys:
+            assert await client.put_record(key, key.encode(), expected_version=0) == 1
+        assert client.records.proposer.stats.fast_creates == len(keys)
+    async with HttpProbe(cluster.secret) as probe:
+
+        async def on_every_acceptor() -> tuple[bool, object]:
+            missing = []
+            for key in keys:
+                acceptors = await acceptors_of(probe, address(cluster, ids(cluster)[0]), key)
+                for peer_id in acceptors:
+                    path = records_api.record_raw_path(key)
+                    answer = await probe.signed(address(cluster, peer_id), "GET", path)
+                    slot = paxos.decode_slot(answer.body, api.RECORD_BYTES_MAX)[0]
+                    if slot.value.data != key.encode():
+                        missing.append((key, peer_id))
+            return not missing, missing
+
+        await wait_for("every acceptor holds every record", on_every_acceptor)
+        # Two more repair rounds: nothing is pushed again.
+        await asyncio.sleep(3 * REPAIR_INTERVAL_S)
+        accepts = 0.0
+        for peer_id in ids(cluster):
+            text = await probe.metrics(address(cluster, peer_id))
+            accepts += sum(
+                float(line.rpartition(" ")[2])
+                for line in text.splitlines()
+                if line.startswith("sr3_peer_requests_total{")
+                and 'route="/v1/paxos/accept/' in line
+            )
+    assert accepts == 5 * len(keys), accepts
 
 
 async def test_a_joining_peer_takes_about_one_nth_of_the_data_and_nothing_else_moves(

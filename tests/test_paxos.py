@@ -2,16 +2,19 @@
 
 What must hold: an acceptor never promises or accepts below what it promised (ballot 0
 only when pristine); a proposer recovers the value at the highest classic ballot, a
-fast-round value only when every promise holds it; a read sees a value as chosen only
-from enough identical answers; a slot survives encoding, and any malformed slot is a
+fast-round value only when enough promises hold it that it may have been chosen by a fast
+quorum (and then always); a read sees a value as chosen only from enough identical
+answers; a slot survives encoding, and any malformed slot is a
 ``ProtocolError``, never another exception.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import struct
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -115,6 +118,57 @@ def test_recovery_takes_a_fast_value_only_if_every_promise_holds_it() -> None:
     assert paxos.recovered_value([fast, Slot(B3)]) == (None, EMPTY)
     assert paxos.recovered_value([fast, Slot(B3, FAST, V2)]) == (None, EMPTY)
     assert paxos.recovered_value([fast, Slot(B3, B1, V2)]) == (B1, V2)
+
+
+@pytest.mark.parametrize("group", range(1, 10))
+def test_fast_quorums_meet_every_promise_quorum_twice_and_are_the_smallest(group: int) -> None:
+    """Breaks: every group size and promise quorum. Must hold: any promise quorum meets
+    any two fast quorums (P + 2F > 2n), and no smaller F does; 4 of 5 and 3 of 3 for the
+    quorums records use (majority writes)."""
+    for promise_quorum in range(1, group + 1):
+        fast = paxos.fast_quorum(group, promise_quorum)
+        assert promise_quorum + 2 * fast > 2 * group
+        assert fast == group or promise_quorum + 2 * (fast - 1) <= 2 * group
+    assert paxos.fast_quorum(5, 5 - paxos.majority(5) + 1) == 4
+    assert paxos.fast_quorum(3, 3 - paxos.majority(3) + 1) == 3
+    with pytest.raises(ValueError):
+        paxos.fast_quorum(3, 0)
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7])
+def test_recovery_finds_every_fast_value_a_fast_quorum_could_choose(group: int) -> None:
+    """Breaks: every way ``group`` acceptors can hold two racing fast creates (V1, V2 or
+    nothing), and every promise quorum of them, at the quorums records use. Must hold: a
+    value held by a fast quorum is recovered from every promise quorum; no promise quorum
+    recovers two values (no AssertionError); a value recovered is one a fast quorum could
+    still complete (the promises refuse ballot 0, so it is held by at least
+    ``len(Q) - (n - F)`` of them)."""
+    write_quorum = paxos.majority(group)
+    promise_quorum = group - write_quorum + 1
+    fast = paxos.fast_quorum(group, promise_quorum)
+    for holding in itertools.product((None, V1, V2), repeat=group):
+        slots = [NOTHING if value is None else Slot(FAST, FAST, value) for value in holding]
+        chosen = next((v for v in (V1, V2) if holding.count(v) >= fast), None)
+        for size in range(promise_quorum, group + 1):
+            for quorum in itertools.combinations(range(group), size):
+                promises = [replace(slots[i], promised=B1) for i in quorum]
+                ballot, value = paxos.recovered_value(promises, group, fast)
+                if chosen is not None:
+                    assert (ballot, value) == (FAST, chosen), (holding, quorum)
+                if ballot is not None:
+                    held = sum(1 for i in quorum if holding[i] == value)
+                    assert held + (group - size) >= fast, (holding, quorum)
+
+
+def test_a_fast_value_on_four_of_five_is_chosen_and_on_three_needs_a_round() -> None:
+    """Breaks: five acceptors (records' groups for R = 3) answering a read after a fast
+    create. Must hold: four at ballot 0 with one value are chosen; three with two empty
+    need a round (neither chosen nor absent); three empty are absent."""
+    fast = Slot(FAST, FAST, V1)
+    assert paxos.chosen_value([fast] * 4 + [NOTHING], 5, 3) == V1
+    assert paxos.chosen_value([fast] * 3 + [NOTHING] * 2, 5, 3) is None
+    assert paxos.chosen_value([fast] * 3 + [Slot(FAST, FAST, V2)], 5, 3) is None
+    assert paxos.chosen_value([fast] * 2 + [NOTHING] * 3, 5, 3) == EMPTY
 
 
 @pytest.mark.parametrize(

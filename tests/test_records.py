@@ -84,6 +84,24 @@ async def test_merge_takes_the_highest_promise_and_the_highest_accepted_value(
     assert await _open(tmp_path).slot("k") == merged
 
 
+async def test_merge_of_fast_values_takes_the_one_most_hold_and_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    """Breaks: racing fast creates left different ballot-0 values on the acceptors a new
+    owner merges (two hold one, one the other, listed either way round). Must hold: an
+    empty slot takes the value most of them hold (a value a fast quorum chose is held by
+    most of any majority); a slot that accepted a ballot-0 value keeps its own (an
+    acceptor votes once per ballot)."""
+    store = _open(tmp_path)
+    chosen, other = Slot(B1, FAST, _value(1, b"chosen")), Slot(B1, FAST, _value(1, b"other"))
+    for key, slots in [("a", [other, chosen, chosen]), ("b", [chosen, other, chosen])]:
+        merged = await store.merge(key, slots)
+        assert (merged.promised, merged.accepted, merged.value.data) == (B1, FAST, b"chosen")
+    assert isinstance(await store.accept("mine", FAST, _value(1, b"other")), Slot)
+    merged = await store.merge("mine", [chosen, chosen])
+    assert (merged.promised, merged.accepted, merged.value.data) == (B1, FAST, b"other")
+
+
 async def test_merge_never_lowers_what_a_slot_holds(tmp_path: Path) -> None:
     """Breaks: an acceptor that accepted at B3 merges a slot accepted at B1. Must hold:
     it keeps the value at B3."""

@@ -93,6 +93,10 @@ def test_records_are_pushed_by_newest_holders_and_extras_drop_when_caught_up() -
     live = {"a", "b", "c", "x"}
     assert plan_record("a", preference, {"a": 3, "b": 2, "c": 0}, live, 3).push_to == ("b", "c")
     assert plan_record("b", preference, {"a": 3, "b": 2}, live, 3).push_to == ()
+    # Of the preference members holding the newest, only the first live one pushes.
+    assert plan_record("b", preference, {"a": 3, "b": 3, "c": 0}, live, 3).push_to == ()
+    assert plan_record("a", preference, {"a": 3, "b": 3, "c": 0}, live, 3).push_to == ("c",)
+    assert plan_record("b", preference, {"a": 3, "b": 3}, live - {"a"}, 3).push_to == ("c",)
     extra = plan_record("x", preference, {"x": 3, "a": 3, "b": 3, "c": 3}, live, 3)
     assert extra.delete_local and extra.push_to == ()
     behind = plan_record("x", preference, {"x": 3, "a": 3, "b": 3}, live, 3)

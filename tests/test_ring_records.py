@@ -98,6 +98,27 @@ async def test_compare_and_set_refuses_a_stale_version(
         assert record is not None and (record.version, record.value) == (2, b"batch-2")
 
 
+async def test_a_create_with_an_acceptor_down_is_still_one_round_trip(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: the first of a new key's five acceptors is SIGKILLed, then the key is
+    created. Must hold: the create is decided in the fast round (a fast quorum is four of
+    the five: the acceptor the create did not ask stands in for the dead one), in one
+    attempt; it reads back, and a second create of the key is a RecordConflict."""
+    key = f"manifest/fast-{rng.randrange(10**9)}"
+    async with Client(ring.ring, ring.secret) as client:
+        acceptors = Acceptors.of(await client.ring(), key)
+        assert (len(acceptors.members), acceptors.fast_quorum) == (5, 4)
+        await asyncio.to_thread(ring.kill, acceptors.members[0].peer_id)
+        stats = client.records.proposer.stats
+        assert await client.put_record(key, b"created", expected_version=0) == 1
+        assert (stats.fast_creates, stats.operations, stats.rounds) == (1, 1, 1)
+        record = await client.get_record(key)
+        assert record is not None and (record.version, record.value) == (1, b"created")
+        with pytest.raises(RecordConflict):
+            await client.put_record(key, b"again", expected_version=0)
+
+
 async def test_concurrent_writers_of_one_version_exactly_one_wins(
     ring: LocalCluster, rng: random.Random
 ) -> None:

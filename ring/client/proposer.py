@@ -10,7 +10,9 @@ above it, at most ``ROUND_ATTEMPTS_MAX`` times; under contention exactly one com
 set of a version wins, and the others fail with ``RecordConflict``.
 
 One round trip per replica in the common cases: a create may try the fast round first
-(all R must accept), and a writer that holds the promise of its next ballot on a key
+(sent to a fast quorum of the acceptors, 4 of 5, each of which must accept; the last
+acceptor is asked only in place of one that fails, and repair copies the value to it
+later), and a writer that holds the promise of its next ballot on a key
 (``_Held``, given with its last accept) skips the prepare for its next change there.
 Reads that find the value chosen need no round at all (``ring.client.records``).
 """
@@ -74,13 +76,25 @@ class Acceptors:
     def promise_quorum(self) -> int:
         return self.replication - self.write_quorum + 1
 
+    @property
+    def fast_quorum(self) -> int:
+        """Acceptors that must take a ballot-0 value for it to be chosen (``paxos``)."""
+        return paxos.fast_quorum(self.replication, self.promise_quorum)
+
+    @property
+    def fast_recoverable(self) -> int:
+        """The fewest holders of a ballot-0 value that a recovery can take it from (a
+        promise quorum less the acceptors a fast quorum leaves out): a fast value that
+        fewer acceptors can ever hold is never chosen."""
+        return max(1, self.promise_quorum - (self.replication - self.fast_quorum))
+
     @classmethod
     def of(cls, ring_view: RingView, key: str) -> Acceptors:
         group, _quorum = ring_view.record_quorums()
         members = ring_view.ring.preference_list(key, group)
         view = paxos.view_digest([member.peer_id for member in members])
-        # A ring smaller than the group: every peer is an acceptor, and "all" (the fast
-        # round) means all of them.
+        # A ring smaller than the group: every peer is an acceptor, and the quorums are
+        # drawn from all of them.
         return cls(members, len(members), paxos.majority(len(members)), view, ring_view.epoch)
 
 
@@ -151,7 +165,7 @@ class Proposer:
     async def run(self, key: str, step: Step, *, create: Value | None = None) -> tuple[Value, bool]:
         """Decide ``key``'s next value with ``step``; the value chosen and whether the
         operation succeeded. ``create``: the value of a create, tried in the fast round
-        first (it succeeds only if every acceptor never held the key)."""
+        first (it succeeds only if a fast quorum of acceptors never held the key)."""
         refresh = False
         causes: list[str] = []
         self.exposed = False
@@ -275,9 +289,7 @@ class Proposer:
         if (
             create is not None
             and key not in self._counters
-            and await self._accept(
-                key, acceptors, FAST, create, hold=True, mine=True, all_needed=True
-            )
+            and await self._accept(key, acceptors, FAST, create, hold=True, mine=True)
         ):
             self.stats.fast_creates += 1
             return create, True
@@ -291,7 +303,9 @@ class Proposer:
         promises = await self._prepare(key, acceptors, ballot, causes)
         if promises is None:
             return None
-        _ballot, current = paxos.recovered_value(promises)
+        _ballot, current = paxos.recovered_value(
+            promises, acceptors.replication, acceptors.fast_quorum
+        )
         proposal, ok = step(current)
         mine = ok and proposal != current
         if await self._accept(key, acceptors, ballot, proposal, hold=ok, mine=mine, causes=causes):
@@ -396,13 +410,16 @@ class Proposer:
         *,
         hold: bool,
         mine: bool = False,
-        all_needed: bool = False,
         causes: list[str] | None = None,
     ) -> bool:
-        """Whether ``value`` was chosen at ``ballot``: accepted by W acceptors (all R for
-        the fast round). With ``hold``, each accept also promises this proposer's next
-        ballot, which it keeps for the next change when enough acceptors gave it."""
-        needed = acceptors.replication if all_needed else acceptors.write_quorum
+        """Whether ``value`` was chosen at ``ballot``: accepted by W acceptors, or by a
+        fast quorum at ballot 0. The fast round asks only a fast quorum of them (the
+        others stand in for one that fails): every one must accept, and asking the rest
+        would only cost their work. With ``hold``, each accept also promises this
+        proposer's next ballot, which it keeps for the next change when enough acceptors
+        gave it."""
+        fast = ballot == FAST
+        needed = acceptors.fast_quorum if fast else acceptors.write_quorum
         holding = max(acceptors.write_quorum, acceptors.promise_quorum)
         counter = max(ballot.counter, self._counters.get(key, 0)) + 1
         # None past the last ballot there is: nothing to promise after it.
@@ -417,15 +434,18 @@ class Proposer:
             answers: Sequence[tuple[Member, bool | Preempted | _ViewRefused]], running: int
         ) -> bool:
             acks = sum(1 for _m, answer in answers if answer is True)
-            return (acks >= needed and (acks >= holding or running == 0)) or (
-                acks + running < needed
-            )
+            if acks >= needed:
+                return acks >= holding or running == 0
+            # A failed fast round hears every acceptor it asked: how many refused tells
+            # whether its value can still be chosen (``fast_refused`` below).
+            return running == 0 if fast else acks + running < needed
 
         result = await self._view.fan_out(
             acceptors.members,
-            acceptors.replication,
+            needed if fast else acceptors.replication,
             lambda member, _hint: self._accept_at(member, key, ballot, body, acceptors, next_wire),
-            strict=True,
+            # The fast round's lanes move on to the acceptors it did not ask first.
+            strict=not fast,
             early=Early(settled, grace_s=0.0, background=True),
             attempt_s=self._view.options.write_attempt_s,
             latency=self.accept_latency,
@@ -439,10 +459,16 @@ class Proposer:
                 while len(self._held) > HELD_KEYS_MAX:
                     self._held.popitem(last=False)
             return True
-        # A fast-round value refused by any acceptor can never be chosen (that needs all
-        # R) nor recovered (that needs every promise to hold it); any other value that
-        # reached an acceptor, or may have, can still be chosen by a later round.
-        fast_refused = ballot == FAST and bool(refusals)
+        # A fast-round value that no acceptor took, or that fewer acceptors than a
+        # recovery takes it from can ever hold (those that refused it hold another or
+        # promised a classic ballot; the others may still take it, from this accept or
+        # from repair copying it from one that did), is never chosen; any other value
+        # that reached an acceptor, or may have, can still be chosen by a later round.
+        unsure = bool(result.unfinished or result.causes)
+        none_took = len(refusals) == len(result.answers) and not unsure
+        fast_refused = fast and (
+            none_took or acceptors.replication - len(refusals) < acceptors.fast_recoverable
+        )
         if mine and not fast_refused and (acks or result.unfinished or result.causes):
             self.exposed = True
         if refusals:
@@ -450,7 +476,7 @@ class Proposer:
             if causes is not None:
                 causes.append(f"ballot {ballot.wire()} pre-empted at accept")
             return False
-        if all_needed:
+        if fast:
             return False
         views = [answer for _m, answer in result.answers if isinstance(answer, _ViewRefused)]
         if views:
