@@ -109,8 +109,12 @@ def _replace_atomically(tmp_dir: Path, final: Path, write: Callable[[Path], None
     try:
         with storage_full(f"writing {final.name}"):
             write(tmp)
-            final.parent.mkdir(exist_ok=True)
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final)
+            except FileNotFoundError:
+                # The first file of its folder (checked only then: a write is small).
+                final.parent.mkdir(exist_ok=True)
+                os.replace(tmp, final)
             fsync_dir(final.parent)
     except BaseException:
         discard(tmp)

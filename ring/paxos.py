@@ -300,7 +300,9 @@ def view_digest(preferred_ids: Sequence[str]) -> str:
 # -- codec ------------------------------------------------------------------------------
 
 
-def encode_slot(slot: Slot) -> bytes:
+def encode_slot(slot: Slot, key: str | None = None) -> bytes:
+    """The slot's bytes; ``key`` is written into the metadata too (a record file names
+    the key it holds; on the wire the path does)."""
     value = slot.value
     refs = b"".join(bytes.fromhex(ref) for ref in value.refs)
     meta = {
@@ -318,6 +320,8 @@ def encode_slot(slot: Slot) -> bytes:
         meta["deleted"] = True
     if slot.deleted_at is not None:
         meta["deleted_at"] = slot.deleted_at
+    if key is not None:
+        meta["key"] = key
     encoded = json.dumps(meta, separators=(",", ":")).encode()
     return MAGIC + _LENGTH.pack(len(encoded)) + encoded + refs + value.data
 

@@ -96,13 +96,8 @@ def check_value(value: Value) -> None:
 
 
 def _encode(key: str, slot: Slot) -> bytes:
-    data = paxos.encode_slot(slot)
     # The key travels in the file (not on the wire): a file names what it holds.
-    (meta_len,) = _LENGTH.unpack_from(data, 4)
-    meta = json.loads(data[8 : 8 + meta_len])
-    meta["key"] = key
-    encoded = json.dumps(meta, separators=(",", ":")).encode()
-    return data[:4] + _LENGTH.pack(len(encoded)) + encoded + data[8 + meta_len :]
+    return paxos.encode_slot(slot, key)
 
 
 def _decode(data: bytes) -> tuple[str, Slot]:
