@@ -118,6 +118,12 @@ class AuthFailure(Exception):
     """A request's credentials are missing or wrong. The peer answers 401."""
 
 
+class ClockSkew(AuthFailure):
+    """A request signed at a time too far from this peer's clock: one of the two clocks
+    is wrong. The peer answers 401 ``clock_skew``, naming its own time, and a client
+    counts that peer as failing the request, not its credentials as wrong."""
+
+
 def generate_secret() -> str:
     return secrets.token_urlsafe(32)
 
@@ -442,7 +448,11 @@ class Verifier:
                 raise AuthFailure("credential expired")
             key, principal = _scope_key(self._secret, claims), Principal(prefix, expires)
         if abs(now - parsed.timestamp) > SKEW_S_MAX:
-            raise AuthFailure("request timestamp outside the allowed clock skew")
+            raise ClockSkew(
+                f"request timestamp outside the allowed clock skew: signed at "
+                f"{parsed.timestamp}, {parsed.timestamp - now:+.0f} s from this peer's clock "
+                f"({now:.0f}); at most {SKEW_S_MAX} s either way"
+            )
         canonical = _canonical(
             method,
             parsed.target,

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ring import api, codec, fs_api, paxos, records_api
 from ring.api import Route
-from ring.auth import ANY_TARGET, AuthFailure, Principal, Verifier
+from ring.auth import ANY_TARGET, AuthFailure, ClockSkew, Principal, Verifier
 from ring.cluster_http import cluster_routes
 from ring.consensus import RoundView
 from ring.errors import (
@@ -144,6 +144,9 @@ class Peer:
         try:
             await self._authenticate(request)
             response = await handler(request)
+        except ClockSkew as exc:
+            self.metrics.auth_failures.inc()
+            response = error_answer(401, "clock_skew", str(exc))
         except AuthFailure as exc:
             self.metrics.auth_failures.inc()
             response = error_answer(401, "unauthorized", str(exc))

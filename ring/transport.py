@@ -389,6 +389,10 @@ def _reason(exc: BaseException) -> str:
 
 def _rejection(address: str, response: Response) -> Exception:
     error = api.parse_error(response.body)
+    if response.status == 401 and error.code == "clock_skew":
+        # This peer's clock or ours is off: that peer fails the request (the others may
+        # serve it), where wrong credentials would fail everywhere.
+        return PeerRejected(address, 401, error.code, error.message)
     if response.status == 401:
         return AuthError(f"{address} refused our credentials: {error.message}")
     return PeerRejected(address, response.status, error.code, error.message, error.version)

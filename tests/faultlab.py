@@ -38,9 +38,13 @@ Nemeses (durations at ``scale`` 1; a longer run multiplies them):
   clients then run for ``LATE_FOUNDER_S``. A restart order, not a network fault: every
   peer must come to hear from the founder, and the ring must settle.
 
-Not here: wall-clock jumps. The wall clock belongs to the kernel, not to a namespace (a
-time namespace offsets only the monotonic and boot clocks), so one host's clock cannot
-jump alone; that needs an injected clock in the peer instead.
+- ``clock-jump``: one peer's wall clock jumps ``CLOCK_AHEAD_S`` ahead (inside the skew
+  signatures allow) and, half-way through ``CLOCK_S``, another's ``CLOCK_BEHIND_S``
+  behind (past it: the others refuse what it signs, and it refuses what they sign); then
+  both jump back. As an NTP step does, only the wall clock moves, not the monotonic one.
+  The wall clock belongs to the kernel, not to a namespace (a time namespace offsets only
+  the monotonic and boot clocks), so each peer of this run has libfaketime preloaded
+  (Debian's ``faketime``), reading its offset from a file of its own.
 
 What must hold, for every nemesis (``judge``):
 
@@ -53,7 +57,9 @@ What must hold, for every nemesis (``judge``):
   acknowledged write of the key or a later write (acknowledged or of unknown outcome);
 - no two peers ever serve different configurations under one epoch;
 - with ``late-founder`` (no fault once running), no configuration past the founding and
-  the four joins: nobody is removed.
+  the four joins: nobody is removed;
+- with ``clock-jump``, at least ``MAJORITY_DECIDED_MIN`` of each side's calls while the
+  clocks are off are decided (one peer refusing signatures is one acceptor of five).
 
 And for ``minority-partition``, while the cut lasts: no write acknowledged to and no
 read answered for the minority side's client; the minority peer serves a ring with every
@@ -143,6 +149,13 @@ BETWEEN_S = 2.0
 PAUSE_S = 3.0
 FOUNDER_LATE_S = 3.0
 LATE_FOUNDER_S = 10.0
+CLOCK_S = 12.0
+CLOCK_AHEAD_S = 90
+CLOCK_BEHIND_S = 600
+# libfaketime: the offset file is read again at most once a second (not on every call).
+FAKETIME_LIBRARIES = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+                      "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1")  # fmt: skip
+FAKETIME_CACHE_S = 1
 
 PHASES = ("before", "during", "after", "final")
 MAJORITY_DECIDED_MIN = 0.99
@@ -194,6 +207,8 @@ class Run:
         self.windows: dict[str, tuple[float, float]] = {}
         self.minority: tuple[int, ...] = ()
         self.nemesis_s: tuple[float, float] = (math.inf, math.inf)
+        # With ``clock-jump``: each peer's wall clock offset file (libfaketime's).
+        self.clock_files: dict[int, Path] = {}
 
     def note(self, what: str) -> None:
         self.events.append((time.monotonic(), what))
@@ -203,12 +218,37 @@ class Run:
     def start_peer(self, index: int) -> None:
         peer = self.cluster.peers[index]
         Path(peer.data_dir).mkdir(exist_ok=True)
+        env = self.env
+        if index in self.clock_files:
+            env = {
+                **env,
+                "LD_PRELOAD": faketime_library(),
+                "FAKETIME_TIMESTAMP_FILE": str(self.clock_files[index]),
+                "FAKETIME_CACHE_DURATION": str(FAKETIME_CACHE_S),
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            }
         self.peers[index] = self.lab.start_peer(
             index,
             peer_command(self.cluster, peer),
-            env=self.env,
+            env=env,
             log_path=self.home / f"{peer.peer_id}.log",
         )
+
+    def fake_clocks(self) -> None:
+        """Give every peer started from now on a wall clock this run can move."""
+        for index in range(PEERS):
+            self.clock_files[index] = self.home / f"clock-{peer_id(index)}"
+            self.set_clock(index, 0, note=False)
+
+    def set_clock(self, index: int, offset_s: int, *, note: bool = True) -> None:
+        """Set ``index``'s wall clock ``offset_s`` from the real one (within
+        ``FAKETIME_CACHE_S``); written whole, so that the peer never reads half of it."""
+        path = self.clock_files[index]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{offset_s:+d}\n")
+        os.replace(tmp, path)
+        if note:
+            self.note(f"{peer_id(index)}'s wall clock {offset_s:+d} s")
 
     def wait_listening(self, index: int) -> None:
         try:
@@ -404,6 +444,42 @@ def kill_and_pause(run: Run, scale: float) -> None:
     run.resume(frozen)
 
 
+def clock_jump(run: Run, scale: float) -> None:
+    ahead, behind = run.rng.sample(range(PEERS), 2)
+    started_s = time.monotonic()
+    run.set_clock(ahead, CLOCK_AHEAD_S)
+    time.sleep(CLOCK_S * scale / 2)
+    run.set_clock(behind, -CLOCK_BEHIND_S)
+    time.sleep(CLOCK_S * scale / 2)
+    run.set_clock(ahead, 0)
+    run.set_clock(behind, 0)
+    # Past the cache of the offset files: every peer reads its clock back.
+    time.sleep(FAKETIME_CACHE_S)
+    run.windows["clocks"] = (started_s, time.monotonic())
+
+
+def faketime_library() -> str:
+    """libfaketime's multi-threaded library (Debian's ``faketime`` package)."""
+    found = next((path for path in FAKETIME_LIBRARIES if Path(path).is_file()), None)
+    if found is None:
+        raise FaultLabError("libfaketime is not installed (Debian's faketime package)")
+    return found
+
+
+def faketime_unavailable() -> str | None:
+    """Why ``clock-jump`` cannot run here, or None."""
+    try:
+        faketime_library()
+    except FaultLabError as exc:
+        return str(exc)
+    return None
+
+
+def start_with_fake_clocks(run: Run) -> None:
+    run.fake_clocks()
+    start_founder_first(run)
+
+
 def late_founder(run: Run, scale: float) -> None:
     run.note("no fault: the founder started after the others")
     time.sleep(LATE_FOUNDER_S * scale)
@@ -440,11 +516,15 @@ NEMESES: dict[str, Nemesis] = {
     "random-loss": random_loss,
     "kill-and-pause": kill_and_pause,
     "late-founder": late_founder,
+    "clock-jump": clock_jump,
 }
 # Nemeses that inject no fault once the ring runs: its configuration must not change.
 FAULTLESS = frozenset({"late-founder"})
 # How a nemesis starts the peers, when not all at once.
-STARTS: dict[str, Callable[[Run], None]] = {"late-founder": start_founder_last}
+STARTS: dict[str, Callable[[Run], None]] = {
+    "late-founder": start_founder_last,
+    "clock-jump": start_with_fake_clocks,
+}
 
 
 # -- a run, start to end ------------------------------------------------------------------
@@ -635,7 +715,37 @@ def judge(
         )
     if "cut" in run.windows:
         report.violations += minority_violations(seen, run, report.figures)
+    if "clocks" in run.windows:
+        report.violations += clock_violations(seen, run, report.figures)
     return report
+
+
+def clock_violations(seen: Seen, run: Run, figures: dict[str, Any]) -> list[str]:
+    """While wall clocks were off, at most one peer at a time refuses what the others
+    sign (and records have groups of five): at least ``MAJORITY_DECIDED_MIN`` of each
+    side's calls are decided, none waiting for the failure detector."""
+    start_s, end_s = run.windows["clocks"]
+    found = []
+    for side in SIDE_HOSTS:
+        calls = [
+            call
+            for call_side, phase, call in seen.calls
+            if call_side == side and phase == "workload" and start_s <= call.op.invoke_s < end_s
+        ]
+        settled = sum(1 for call in calls if decided(call))
+        share = settled / len(calls) if calls else 0.0
+        figures[f"side {side} decided while clocks were off"] = (
+            f"{settled} of {len(calls)} ({share:.2%})"
+        )
+        if share < MAJORITY_DECIDED_MIN:
+            errors = collections.Counter(
+                f"{c.error or 'failed read'}: {c.message}" for c in calls if not decided(c)
+            )
+            found.append(
+                f"side {side} had {settled} of {len(calls)} calls decided ({share:.2%}) while "
+                f"a peer's wall clock was off, below {MAJORITY_DECIDED_MIN:.0%}: {dict(errors)}"
+            )
+    return found
 
 
 def side_figures(seen: Seen, nemesis_s: tuple[float, float]) -> dict[str, dict[str, SideFigures]]:

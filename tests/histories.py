@@ -61,6 +61,7 @@ CALL_TIMEOUT_S = 30.0
 STEP_BUDGET = 20_000_000
 # A client's pause between changes: about 100 calls a second from 6 clients.
 CLIENT_PAUSE_S = (0.02, 0.08)
+MESSAGE_CHARS_MAX = 300
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class Call:
     op: Operation
     ended_s: float
     error: str = ""
+    # The error's text, cut to ``MESSAGE_CHARS_MAX`` (what a failure report shows).
+    message: str = ""
 
     @property
     def answered(self) -> bool:
@@ -113,15 +116,17 @@ class Workload:
     def now(self) -> float:
         return time.monotonic() - self.origin_s
 
-    def record(self, op: Operation, ended_s: float, error: str = "") -> None:
-        self.calls.append(Call(op, ended_s, error))
+    def record(self, op: Operation, ended_s: float, error: BaseException | None = None) -> None:
+        name = "" if error is None else type(error).__name__
+        message = "" if error is None else str(error)[:MESSAGE_CHARS_MAX]
+        self.calls.append(Call(op, ended_s, name, message))
         if op.kind == "read" and op.outcome != "ok":
             self.counts["read failed"] += 1
         else:
             self.checked += 1
             self.counts[f"{op.kind} {op.outcome}"] += 1
         if error:
-            self.errors[f"{op.kind} {error}"] += 1
+            self.errors[f"{op.kind} {name}"] += 1
 
 
 def seen_record(value: RecordValue | None) -> tuple[int, Record | None]:
@@ -143,7 +148,7 @@ async def timed_read(client: Client, number: int, key: str, work: Workload) -> i
     except (SR3Error, TimeoutError) as exc:
         ended_s = work.now()
         failed = Operation(number, key, "read", invoke_s, ended_s, "fail")
-        work.record(failed, ended_s, type(exc).__name__)
+        work.record(failed, ended_s, exc)
         return None
     version, observed = seen_record(value)
     ended_s = work.now()
@@ -160,7 +165,7 @@ async def timed_change(
     invoke_s = work.now()
     outcome: Outcome = "ok"
     known: int | None = expected + 1
-    error = ""
+    error: BaseException | None = None
     try:
         async with asyncio.timeout(work.call_timeout_s):
             if value is None:
@@ -174,7 +179,7 @@ async def timed_change(
         if exc.current == expected:
             work.anomalies.append(f"{kind} of {key} refused at its own version {expected}")
     except (SR3Error, TimeoutError) as exc:
-        outcome, known, error = "unknown", None, type(exc).__name__
+        outcome, known, error = "unknown", None, exc
     ended_s = work.now()
     return_s = math.inf if outcome == "unknown" else ended_s
     work.record(
@@ -265,6 +270,7 @@ def call_to_json(call: Call) -> dict[str, Any]:
         "observed": observed,
         "ended_s": call.ended_s,
         "error": call.error,
+        "message": call.message,
     }
 
 
@@ -285,4 +291,4 @@ def call_from_json(data: dict[str, Any]) -> Call:
         value=None if data["value"] is None else str(data["value"]),
         observed=None if observed is None else Record(int(observed[0]), str(observed[1])),
     )
-    return Call(op, float(data["ended_s"]), str(data["error"]))
+    return Call(op, float(data["ended_s"]), str(data["error"]), str(data.get("message", "")))

@@ -268,6 +268,8 @@ async def test_stale_or_future_timestamp_is_401(
         headers = skewed.headers("PUT", path, stored, target=target)
         answer = await probe.send(target, "PUT", path, body=stored, headers=headers)
         _assert_json_error(answer.status, answer.body, 401)
+        # Its own code: a client counts this peer as failing, not its credentials.
+        assert answer.json()["error"] == "clock_skew"
         assert "skew" in answer.json()["message"]
         assert await _chunk_absent(probe, target, chunk_id)
 

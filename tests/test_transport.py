@@ -13,13 +13,16 @@ stream from the same peer counts as sharing it too.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 
-from ring.transport import TRANSFER_SAMPLE_BYTES_MIN, Transport
+from ring import api
+from ring.errors import AuthError, PeerError, PeerRejected
+from ring.transport import TRANSFER_SAMPLE_BYTES_MIN, Response, Transport, _rejection
 
 BODY_BYTES = 1024 * 1024
 CONCURRENT = 6
@@ -131,3 +134,19 @@ async def test_an_unreachable_peer_is_named_with_a_reason_in_words() -> None:
     message = str(caught.value)
     assert message.endswith("connection refused"), message
     assert "ClientConnector" not in message and "ConnectionKey" not in message
+
+
+def test_a_clock_skew_refusal_is_that_peers_failure_and_other_401s_are_ours() -> None:
+    """Breaks: a peer answers 401 ``clock_skew`` (its clock or ours is off), another 401
+    ``unauthorized`` (a wrong secret). Must hold: the first is a PeerRejected (a fan-out
+    goes on with the other peers), the second an AuthError (the call fails at once)."""
+    skew = Response(401, {}, _error("clock_skew", "signed 600 s ahead"))
+    wrong = Response(401, {}, _error("unauthorized", "bad signature"))
+    rejected = _rejection("10.0.0.1:7400", skew)
+    assert isinstance(rejected, PeerRejected) and isinstance(rejected, PeerError)
+    assert (rejected.status, rejected.code) == (401, "clock_skew")
+    assert isinstance(_rejection("10.0.0.1:7400", wrong), AuthError)
+
+
+def _error(code: str, message: str) -> bytes:
+    return json.dumps(api.error_body(code, message)).encode()
