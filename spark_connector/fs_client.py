@@ -107,7 +107,9 @@ class FsClient:
             except PeerUnavailable as exc:
                 causes.append(str(exc))
             except PeerRejected as exc:
-                if exc.status != 503:
+                # 503: not ready; 401 clock_skew: that seed's clock or ours is off (the
+                # next seed may agree with ours).
+                if exc.status != 503 and exc.code != "clock_skew":
                     raise
                 causes.append(str(exc))
             else:

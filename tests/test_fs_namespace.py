@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import xxhash
+from aiohttp import web
 from support import HttpProbe, MakeCluster
 from yarl import URL
 
@@ -68,6 +69,33 @@ async def test_files_read_back_whole_and_by_ranges_from_any_peer(
                 got = await fs.read(f"{root}/big/large.bin", offset, length)
                 assert got == large[offset : offset + length]
             assert await fs.read(f"{root}/small", 990, 100) == small[990:]
+
+
+async def test_a_seed_whose_clock_is_off_is_passed_over(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: the client's first seed answers every request 401 ``clock_skew`` (its
+    clock is off). Must hold: the client moves on to the next seed, as past one that is
+    down: the write and the read go through it."""
+
+    async def refuse(_request: web.Request) -> web.Response:
+        body = api.error_body("clock_skew", "signed 600 s ahead")
+        return web.json_response(body, status=401)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        path, data = f"{_root(rng)}/through-the-next-seed", rng.randbytes(3000)
+        async with FsClient([f"127.0.0.1:{port}", ring.cluster.addresses[0]], ring.secret) as fs:
+            await fs.write(path, data)
+            assert await fs.read(path) == data
+    finally:
+        await runner.cleanup()
 
 
 async def test_a_file_of_many_chunks_reads_back_through_a_recovery_plan(

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.server
+import json
 import random
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +89,53 @@ def test_the_filesystem_contract_holds_through_hadoop(
     assert any(line.startswith("PASS getFileChecksum") for line in lines), lines
     assert any(line.startswith("PASS any UTF-8 name") for line in lines), lines
     assert len([line for line in lines if line.startswith("PASS manager: ")]) == 6, lines
+    assert not [line for line in lines if line.startswith("FAIL ")], lines
+
+
+class _SkewedSeed(http.server.BaseHTTPRequestHandler):
+    """A seed whose clock is off: it refuses every request with 401 ``clock_skew``."""
+
+    def _refuse(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(min(length, 64 * 1024 * 1024))
+        body = json.dumps({"error": "clock_skew", "message": "signed 600 s ahead"}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _refuse
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_seed_whose_clock_is_off_is_passed_over(
+    jar: Path, ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: the JVM's first seed answers every request 401 ``clock_skew`` (its clock
+    is 600 s off). Must hold: the JVM moves on to the next seed, as past one that is
+    down, and the whole contract passes (before, the first refusal was an
+    AccessControlException)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SkewedSeed)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        skewed = f"127.0.0.1:{server.server_address[1]}"
+        command = _java(jar, f"{skewed},{ring.ring}", "fs.sr3.secret", ring.secret)
+        command.insert(1, "-Dfs.sr3.seeds.shuffle=false")
+        root = f"/java/skewed-seed-{rng.randrange(10**9)}"
+        done = subprocess.run(
+            [*command, "sr3.hadoop.ContractCheck", "contract", root],
+            capture_output=True, text=True, timeout=JAVA_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert not [line for line in lines if line.startswith("FAIL ")], lines
 
 

@@ -38,6 +38,9 @@ final class Sr3Client implements Closeable {
   static final String CONF_TIMEOUT_MS = "fs.sr3.timeout.ms";
   static final String CONF_CONNECT_TIMEOUT_MS = "fs.sr3.connect.timeout.ms";
   static final String CONF_RETRIES = "fs.sr3.retries";
+  /** A peer's refusal of a request signed too far from its clock (401). */
+  static final String CLOCK_SKEW = "clock_skew";
+
   /** false: start with the first seed (tests); true: a random one, spreading executors. */
   static final String CONF_SEEDS_SHUFFLE = "fs.sr3.seeds.shuffle";
   static final long TIMEOUT_MS_DEFAULT = 60_000;
@@ -195,7 +198,10 @@ final class Sr3Client implements Closeable {
     return out.toString();
   }
 
-  /** Sends one request, failing over between seeds; every answer below 500 returns. */
+  /**
+   * Sends one request, failing over between seeds; every answer below 500 returns, but a
+   * 401 clock_skew (that seed's clock or this JVM's is off: the next seed may agree).
+   */
   Answer send(String method, String pathQs, Body body) throws IOException {
     IOException last = null;
     long pause = PAUSE_MS_FIRST;
@@ -205,7 +211,7 @@ final class Sr3Client implements Closeable {
       String seed = seeds.get(index);
       try {
         Answer answer = once(seed, method, pathQs, body);
-        if (answer.status() < 500) {
+        if (answer.status() < 500 && !CLOCK_SKEW.equals(answer.code())) {
           next = index;
           return answer;
         }
