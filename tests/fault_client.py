@@ -11,7 +11,11 @@ members; exit 0, or 1 after ``--wait-s``.
 compare-and-set creates, updates and reads (no deletes) on ``--keys``
 (``histories.client_loop``) until the file ``--stop-file`` exists; then each client
 reads every key, retried until a read returns or ``--final-wait-s`` has passed.
-Meanwhile it asks each peer of ``--watch`` for its ring (``GET /v1/ring``) and
+With ``--fs``, each client also works the ``sr3://`` namespace (``fs_loop``): it races
+every other client of both sides to create the same paths (create-if-absent: the names
+change every ``CREATE_SLOT_S`` of the shared monotonic clock), and creates files of its
+own and renames them. After the stop each side reads back every path it touched
+(``fs_final``). Meanwhile it asks each peer of ``--watch`` for its ring (``GET /v1/ring``) and
 configuration (``GET /v1/cluster``), signed, every ``PROBE_INTERVAL_S``. Everything goes
 to ``--out`` as JSON lines, times on the machine's monotonic clock (one for every namespace)::
 
@@ -20,6 +24,11 @@ to ``--out`` as JSON lines, times on the machine's monotonic clock (one for ever
      "epoch": N, "config": [IDS], "cluster": ID}      (members: its ring; config: its epoch's)
     {"type": "probe", "side": "a", "peer": ADDRESS, "at_s": T, "error": "..."}
     {"type": "anomaly", "side": "a", "text": "..."}   (an answer no register gives)
+    {"type": "fs", "side": "a", "client": N, "op": "create" | "rename", "path": P,
+     "target": P2 | null, "data": TEXT, "invoke_s": T, "end_s": T2,
+     "outcome": "ok" | "refused" | "unknown", "code": CODE, "error": NAME, "message": TEXT}
+    {"type": "fs-final", "side": "a", "path": P, "data": TEXT | null (absent),
+     "read": true | false (not readable within --final-wait-s)}
 
 No pickle: what crosses to the test is plain JSON.
 """
@@ -34,22 +43,25 @@ import random
 import sys
 import time
 import urllib.request
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from histories import Call, Workload, call_to_json, client_loop, timed_read
+from histories import MESSAGE_CHARS_MAX, Call, Workload, call_to_json, client_loop, timed_read
 from support import HttpProbe
 
 from ring import api
 from ring.client import Client, ClientOptions
 from ring.cluster import parse_cluster_answer
-from ring.errors import SR3Error
+from ring.errors import NotFound, SR3Error
 from ring.transport import Timeouts
+from spark_connector.fs_client import FsClient, FsRefused
 
 PROBE_INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 1.0
 STOP_POLL_S = 0.05
 FINAL_RETRY_S = 0.25
+FINAL_READ_S = 5.0
 CALLS_MAX = 100_000
 HEALTH_TIMEOUT_S = 1.0
 # Limits for a LAN where a partition drops packets silently: a connection opens within
@@ -137,6 +149,98 @@ async def final_reads(
             await asyncio.sleep(FINAL_RETRY_S)
 
 
+# The namespace workload: contested creates under /fault/create, renames of a client's
+# own files under /fault/rename/c<N>.
+FS_ROOT = "/fault"
+CREATE_SLOT_S = 0.5
+CREATE_PATHS_PER_SLOT = 2
+FS_PAUSE_S = (0.05, 0.15)
+FS_CALLS_MAX = 20_000
+
+
+async def fs_call(
+    number: int,
+    op: str,
+    paths: tuple[str, str | None],
+    data: str,
+    timeout_s: float,
+    call: Awaitable[object],
+) -> dict[str, Any]:
+    """One namespace call (``paths``: the path, and a rename's target), as the judge
+    reads it: ok, refused (the code says why) or unknown (an error or no answer within
+    ``timeout_s``: it may have taken effect)."""
+    path, target = paths
+    invoke_s = time.monotonic()
+    outcome, code, error, message = "ok", "", "", ""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await call
+    except FsRefused as exc:
+        outcome, code, message = "refused", exc.code, str(exc)[:MESSAGE_CHARS_MAX]
+    except NotFound as exc:
+        outcome, code, message = "refused", "not_found", str(exc)[:MESSAGE_CHARS_MAX]
+    except (SR3Error, TimeoutError) as exc:
+        outcome, error, message = "unknown", type(exc).__name__, str(exc)[:MESSAGE_CHARS_MAX]
+    return {
+        "type": "fs", "client": number, "op": op, "path": path, "target": target,
+        "data": data, "invoke_s": invoke_s, "end_s": time.monotonic(), "outcome": outcome,
+        "code": code, "error": error, "message": message,
+    }  # fmt: skip
+
+
+async def fs_loop(
+    fs: FsClient,
+    number: int,
+    rng: random.Random,
+    stop: asyncio.Event,
+    timeout_s: float,
+    out: list[dict[str, Any]],
+) -> None:
+    """Contested creates and renames of own files, until ``stop``."""
+    renamed = 0
+    while not stop.is_set() and len(out) < FS_CALLS_MAX:
+        slot = int(time.monotonic() / CREATE_SLOT_S)
+        path = f"{FS_ROOT}/create/{slot}-{rng.randrange(CREATE_PATHS_PER_SLOT)}"
+        data = f"c{number}.{slot}.{rng.randrange(10**9)}"
+        write = fs.write(path, data.encode())
+        out.append(await fs_call(number, "create", (path, None), data, timeout_s, write))
+        source = f"{FS_ROOT}/rename/c{number}/{renamed}.tmp"
+        target = f"{FS_ROOT}/rename/c{number}/{renamed}"
+        data = f"c{number}.r{renamed}.{rng.randrange(10**9)}"
+        write = fs.write(source, data.encode())
+        created = await fs_call(number, "create", (source, None), data, timeout_s, write)
+        out.append(created)
+        if created["outcome"] == "ok":
+            rename = fs.rename(source, target)
+            out.append(await fs_call(number, "rename", (source, target), data, timeout_s, rename))
+        renamed += 1
+        await asyncio.sleep(rng.uniform(*FS_PAUSE_S))
+
+
+async def fs_final(
+    fs: FsClient, calls: list[dict[str, Any]], wait_s: float
+) -> list[dict[str, Any]]:
+    """Read back every path ``calls`` touched (a rename's both ends), each retried until
+    it answers (its bytes, or absent) or ``wait_s`` has passed."""
+    paths = sorted({c["path"] for c in calls} | {c["target"] for c in calls if c["target"]})
+    deadline = time.monotonic() + wait_s
+    found = []
+    for path in paths:
+        data: str | None = None
+        read = False
+        while not read and time.monotonic() < deadline:
+            try:
+                async with asyncio.timeout(FINAL_READ_S):
+                    data = (await fs.read(path)).decode()
+                read = True
+            except NotFound:
+                data, read = None, True
+            except (SR3Error, TimeoutError):
+                await asyncio.sleep(FINAL_RETRY_S)
+        found.append({"type": "fs-final", "path": path, "data": data, "read": read})
+    return found
+
+
 def lines(side: str, phase: str, calls: list[Call]) -> list[dict[str, Any]]:
     return [{"type": "call", "side": side, "phase": phase, **call_to_json(c)} for c in calls]
 
@@ -149,6 +253,11 @@ async def workload(options: argparse.Namespace, secret: str) -> list[dict[str, A
         keys, CALLS_MAX, call_timeout_s=options.call_timeout_s, origin_s=0.0, delete_share=0.0
     )
     clients = [Client(options.ring, secret, options=CLIENT_OPTIONS) for _ in range(options.clients)]
+    fs_clients = [
+        FsClient(options.ring, secret) for _ in range(options.clients if options.fs else 0)
+    ]
+    fs_calls: list[dict[str, Any]] = []
+    fs_found: list[dict[str, Any]] = []
     watch_stop = asyncio.Event()
     try:
         async with asyncio.TaskGroup() as group:
@@ -158,6 +267,11 @@ async def workload(options: argparse.Namespace, secret: str) -> list[dict[str, A
                 for number, client in enumerate(clients, start=options.first_client):
                     client_rng = random.Random(rng.randrange(2**32))
                     loops.create_task(client_loop(client, number, client_rng, work))
+                for number, fs in enumerate(fs_clients, start=options.first_client):
+                    fs_rng = random.Random(rng.randrange(2**32))
+                    loops.create_task(
+                        fs_loop(fs, number, fs_rng, work.stop, options.call_timeout_s, fs_calls)
+                    )
             during = list(work.calls)
             final = Workload(keys, CALLS_MAX, call_timeout_s=options.call_timeout_s, origin_s=0.0)
             async with asyncio.TaskGroup() as reads:
@@ -165,10 +279,18 @@ async def workload(options: argparse.Namespace, secret: str) -> list[dict[str, A
                     reads.create_task(
                         final_reads(client, number, keys, final, options.final_wait_s)
                     )
+                if fs_clients:
+                    fs_read = reads.create_task(
+                        fs_final(fs_clients[0], fs_calls, options.final_wait_s)
+                    )
+            if fs_clients:
+                fs_found = fs_read.result()
             watch_stop.set()
     finally:
         for client in clients:
             await client.close()
+        for fs in fs_clients:
+            await fs.close()
     side = options.side
     probes = [{"type": "probe", "side": side, **probe} for probe in watcher.result()]
     anomalies = [
@@ -180,6 +302,8 @@ async def workload(options: argparse.Namespace, secret: str) -> list[dict[str, A
         *lines(side, "final", final.calls),
         *probes,
         *anomalies,
+        *({"side": side, **call} for call in fs_calls),
+        *({"side": side, **found} for found in fs_found),
     ]
 
 
@@ -203,6 +327,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--call-timeout-s", type=float, default=10.0)
     run.add_argument("--final-wait-s", type=float, default=30.0)
     run.add_argument("--max-s", type=float, default=600.0)
+    run.add_argument("--fs", action="store_true", help="work the sr3:// namespace too")
     return parser.parse_args(argv)
 
 

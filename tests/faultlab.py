@@ -55,6 +55,10 @@ What must hold, for every nemesis (``judge``):
   its expected one plus one, no conflict names the expected version;
 - after the heal every client reads every key, and what it reads is the last
   acknowledged write of the key or a later write (acknowledged or of unknown outcome);
+- the ``sr3://`` namespace, worked by the same clients (``fault_client.fs_loop``): at
+  most one winner per create-if-absent, a winner's bytes kept, a refused create never
+  taking effect, every rename atomic, every path readable after the heal and read alike
+  from both sides (``fs_violations``);
 - no two peers ever serve different configurations under one epoch;
 - with ``late-founder`` (no fault once running), no configuration past the founding and
   the four joins: nobody is removed;
@@ -325,6 +329,7 @@ class Run:
                 "--call-timeout-s", str(CALL_TIMEOUT_S),
                 "--final-wait-s", str(FINAL_WAIT_S),
                 "--max-s", str(CLIENT_MAX_S),
+                "--fs",
             ]  # fmt: skip
             log_path = self.home / f"client-{side}.log"
             started[side] = self.lab.start_peer(host, command, env=self.env, log_path=log_path)
@@ -681,8 +686,9 @@ class Seen:
                 calls.append((line["side"], line["phase"], call_from_json(line)))
             elif line["type"] == "probe":
                 probes.append(line)
-            else:
+            elif line["type"] == "anomaly":
                 anomalies.append(f"side {line['side']}: {line['text']}")
+            # "fs" and "fs-final": the namespace's (``fs_violations``).
         return cls(calls, probes, anomalies)
 
 
@@ -705,6 +711,7 @@ def judge(
         if result.verdict != "ok":  # "unknown" (past the step budget) proves nothing
             report.violations.append(result.describe()[:VIOLATION_CHARS_MAX])
     report.violations += final_read_violations(seen)
+    report.violations += fs_violations(lines, report.figures)
     report.violations += epoch_violations(seen.probes)
     served = configurations(seen.probes)
     report.figures["configurations served (epoch: members)"] = served
@@ -718,6 +725,79 @@ def judge(
     if "clocks" in run.windows:
         report.violations += clock_violations(seen, run, report.figures)
     return report
+
+
+def fs_violations(lines: Sequence[dict[str, Any]], figures: dict[str, Any]) -> list[str]:
+    """The ``sr3://`` namespace's promises, from both sides' calls (``fs_loop``) and what
+    was read back after the heal (``fs_final``):
+
+    - create-if-absent has at most one winner per path, and the file then holds the
+      winner's bytes; with no winner it holds nothing or the bytes of a create whose
+      outcome is unknown, never those of a refused one;
+    - a rename is atomic: acknowledged, the bytes are at the target and the source is
+      gone; refused, nothing moved; unknown, the bytes are at exactly one of the two;
+    - after the heal every path reads back, and both sides read the same."""
+    calls = [line for line in lines if line.get("type") == "fs"]
+    finals: dict[str, set[str | None]] = collections.defaultdict(set)
+    unread = set()
+    for line in lines:
+        if line.get("type") == "fs-final":
+            if line["read"]:
+                finals[line["path"]].add(line["data"])
+            else:
+                unread.add(line["path"])
+    found = [f"{path}: not readable after the heal" for path in sorted(unread - finals.keys())]
+    for path, seen in sorted(finals.items()):
+        if len(seen) > 1:
+            found.append(f"{path}: the two sides read different contents after the heal: {seen}")
+
+    def final(path: str) -> str | None:
+        return next(iter(finals[path])) if len(finals.get(path, ())) == 1 else None
+
+    creates: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    renames = [call for call in calls if call["op"] == "rename"]
+    renamed_sources = {call["path"] for call in renames}
+    for call in calls:
+        if call["op"] == "create" and call["path"] not in renamed_sources:
+            creates[call["path"]].append(call)
+    for path, attempts in sorted(creates.items()):
+        if path not in finals:
+            continue
+        won = [a for a in attempts if a["outcome"] == "ok"]
+        maybe = {a["data"] for a in attempts if a["outcome"] == "unknown"}
+        refused = {a["data"] for a in attempts if a["outcome"] == "refused"}
+        now = final(path)
+        if len(won) > 1:
+            found.append(f"{path}: {len(won)} creates acknowledged: {[a['data'] for a in won]}")
+        elif won and now != won[0]["data"]:
+            found.append(f"{path}: holds {now!r}, not the acknowledged create {won[0]['data']!r}")
+        elif not won and now is not None and now not in maybe:
+            why = "a refused create's" if now in refused else "bytes no create wrote"
+            found.append(f"{path}: holds {now!r} ({why}) with no create acknowledged")
+    for call in renames:
+        source, target, data = call["path"], call["target"], call["data"]
+        if source not in finals or target not in finals:
+            continue
+        at = (final(source), final(target))
+        expected = {
+            "ok": [(None, data)],
+            "refused": [(data, None)],
+            "unknown": [(None, data), (data, None)],
+        }[call["outcome"]]
+        if at not in expected:
+            found.append(
+                f"rename {source} -> {target} ({call['outcome']}): source holds {at[0]!r}, "
+                f"target {at[1]!r}; {data!r} belongs at exactly one of them"
+            )
+    figures["sr3:// calls (create, rename)"] = (
+        f"{len(calls)}: {sum(1 for c in calls if c['outcome'] == 'ok')} acknowledged, "
+        f"{sum(1 for c in calls if c['outcome'] == 'refused')} refused, "
+        f"{sum(1 for c in calls if c['outcome'] == 'unknown')} unknown"
+    )
+    figures["sr3:// contested paths won"] = sum(
+        1 for attempts in creates.values() if any(a["outcome"] == "ok" for a in attempts)
+    )
+    return found
 
 
 def clock_violations(seen: Seen, run: Run, figures: dict[str, Any]) -> list[str]:

@@ -8,8 +8,9 @@ SIGKILLed at once and one SIGSTOPped, the founder starting after the others, and
 peers' wall clocks jumping (one inside the skew signatures allow, one past it).
 
 What must hold: every key's history is linearizable; after the heal every client reads
-the last acknowledged write of every key (or a later one); no epoch is served with two
-member sets. Under the minority partition, the cut-off side gets no acknowledged write
+the last acknowledged write of every key (or a later one); the sr3:// namespace keeps
+one winner per create-if-absent and renames atomic; no epoch is served with two member
+sets. Under the minority partition, the cut-off side gets no acknowledged write
 and no read, its peer removes nobody, and at least 99 % of the majority side's calls are
 decided by a quorum once the failure timeout has passed. The final-read and epoch checks
 are themselves tested on made-up histories that must (and must not) fail them.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from faultlab import (
@@ -34,6 +36,7 @@ from faultlab import (
     epoch_violations,
     faketime_unavailable,
     final_read_violations,
+    fs_violations,
     run_scenario,
 )
 from histories import Call
@@ -109,3 +112,41 @@ def test_the_epoch_check_flags_two_member_sets_under_one_epoch() -> None:
     assert epoch_violations([*agreeing, probe(6, "peer-1")]) == [
         "epoch 6 served with different members: [('peer-1',), ('peer-2',)]"
     ]
+
+
+def _fs(op: str, path: str, outcome: str, data: str, target: str | None = None) -> dict[str, Any]:
+    return {"type": "fs", "side": "a", "client": 0, "op": op, "path": path, "target": target,
+            "data": data, "invoke_s": 1.0, "end_s": 1.1, "outcome": outcome, "code": "",
+            "error": "", "message": ""}  # fmt: skip
+
+
+def _read(path: str, data: str | None, side: str = "a") -> dict[str, Any]:
+    return {"type": "fs-final", "side": side, "path": path, "data": data, "read": True}
+
+
+def test_the_namespace_check_flags_two_winners_lost_creates_and_torn_renames() -> None:
+    """Breaks: made-up namespace histories. Must hold: a clean one passes; two
+    acknowledged creates of one path, a path holding a refused create's bytes, a rename
+    whose bytes are at both ends (or neither), and sides reading different contents are
+    each flagged."""
+    clean = [
+        _fs("create", "/f/c/1", "ok", "x"), _fs("create", "/f/c/1", "refused", "y"),
+        _fs("create", "/f/c/2", "unknown", "z"),
+        _fs("create", "/f/r/1.tmp", "ok", "r"), _fs("rename", "/f/r/1.tmp", "ok", "r", "/f/r/1"),
+        _fs("create", "/f/r/2.tmp", "ok", "s"),
+        _fs("rename", "/f/r/2.tmp", "unknown", "s", "/f/r/2"),
+        _read("/f/c/1", "x"), _read("/f/c/2", "z"), _read("/f/r/1.tmp", None),
+        _read("/f/r/1", "r"), _read("/f/r/2.tmp", "s"), _read("/f/r/2", None),
+    ]  # fmt: skip
+    assert fs_violations(clean, {}) == []
+    two = [*clean, _fs("create", "/f/c/1", "ok", "w")]
+    assert any("2 creates acknowledged" in v for v in fs_violations(two, {}))
+    refused = [_fs("create", "/f/c/3", "refused", "y"), _read("/f/c/3", "y")]
+    assert any("a refused create's" in v for v in fs_violations(refused, {}))
+    torn = [
+        _fs("rename", "/f/r/3.tmp", "unknown", "t", "/f/r/3"),
+        _read("/f/r/3.tmp", "t"), _read("/f/r/3", "t"),
+    ]  # fmt: skip
+    assert any("exactly one of them" in v for v in fs_violations(torn, {}))
+    split = [*clean, _read("/f/c/1", "other", side="b")]
+    assert any("different contents" in v for v in fs_violations(split, {}))
