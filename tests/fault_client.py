@@ -154,7 +154,7 @@ async def final_reads(
 FS_ROOT = "/fault"
 CREATE_SLOT_S = 0.5
 CREATE_PATHS_PER_SLOT = 2
-FS_PAUSE_S = (0.05, 0.15)
+FS_PAUSE_S = (0.1, 0.3)
 FS_CALLS_MAX = 20_000
 
 
