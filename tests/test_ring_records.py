@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from support import HttpProbe
+from faultlab import faketime_library
+from netlab import REQUIRE_NETLAB_ENV, netlab_required
+from support import HttpProbe, MakeCluster
 
 from ring import api, paxos, records_api
 from ring.client import Client
@@ -119,6 +121,49 @@ async def test_a_create_with_an_acceptor_down_is_still_one_round_trip(
             await client.put_record(key, b"again", expected_version=0)
 
 
+async def test_a_peer_whose_wall_clock_is_600_s_behind_costs_one_acceptor(
+    make_cluster: MakeCluster, rng: random.Random, tmp_path: Path
+) -> None:
+    """Breaks: one peer of five runs under libfaketime, and once the ring is up its wall
+    clock jumps 600 s behind (past the 120 s signatures allow; the monotonic clock
+    stays, as an NTP step leaves it): it refuses what the others sign, and they refuse
+    what it signs. Must hold: records whose acceptors include it are created, updated
+    and read as if it were down (every call succeeds), and it did answer 401
+    ``clock_skew``; before, a client took that answer as its own credentials being
+    wrong and every such call failed with AuthError."""
+    library = faketime_library_or_skip()
+    cluster = make_cluster(5)
+    victim = cluster.cluster.peers[2]
+    offset = tmp_path / "clock"
+    offset.write_text("+0\n")
+    await asyncio.to_thread(cluster.stop, victim.peer_id)
+    faked = {
+        "LD_PRELOAD": library,
+        "FAKETIME_TIMESTAMP_FILE": str(offset),
+        "FAKETIME_CACHE_DURATION": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in faked.items():
+            patch.setenv(name, value)
+        await asyncio.to_thread(cluster.start, victim.peer_id)
+    offset.write_text("-600\n")
+    await asyncio.sleep(2.0)  # past the library's cache of the offset file
+    prefix = f"skewed-{rng.randrange(10**9)}"
+    async with Client(cluster.ring, cluster.secret) as client:
+        for index in range(10):
+            key = f"{prefix}/{index}"
+            acceptors = Acceptors.of(await client.ring(), key)
+            assert victim.peer_id in {m.peer_id for m in acceptors.members}
+            assert await client.put_record(key, b"one", expected_version=0) == 1
+            assert await client.put_record(key, b"two", expected_version=1) == 2
+            record = await client.get_record(key)
+            assert record is not None and (record.version, record.value) == (2, b"two")
+    async with HttpProbe(cluster.secret) as probe:
+        answer = await probe.signed(victim.address, "GET", api.RING.pattern)
+    assert (answer.status, answer.json()["error"]) == (401, "clock_skew"), answer
+
+
 async def test_concurrent_writers_of_one_version_exactly_one_wins(
     ring: LocalCluster, rng: random.Random
 ) -> None:
@@ -213,3 +258,13 @@ async def test_get_record_returns_newest_version_with_one_replica_dead(
     async with Client(ring.ring, ring.secret) as client:
         record = await client.get_record(key)
         assert record is not None and (record.version, record.value) == (3, b"v3")
+
+
+def faketime_library_or_skip() -> str:
+    """libfaketime's path; skip without it, or fail where the lab is required (CI)."""
+    try:
+        return faketime_library()
+    except Exception as exc:  # FaultLabError: not installed
+        if netlab_required():
+            pytest.fail(f"{REQUIRE_NETLAB_ENV}=1 but {exc}", pytrace=False)
+        pytest.skip(str(exc))
