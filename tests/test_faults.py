@@ -144,9 +144,22 @@ def test_the_namespace_check_flags_two_winners_lost_creates_and_torn_renames() -
     refused = [_fs("create", "/f/c/3", "refused", "y"), _read("/f/c/3", "y")]
     assert any("a refused create's" in v for v in fs_violations(refused, {}))
     torn = [
-        _fs("rename", "/f/r/3.tmp", "unknown", "t", "/f/r/3"),
+        _fs("rename", "/f/r/3.tmp", "ok", "t", "/f/r/3"),
         _read("/f/r/3.tmp", "t"), _read("/f/r/3", "t"),
     ]  # fmt: skip
     assert any("exactly one of them" in v for v in fs_violations(torn, {}))
+    lost = [
+        _fs("rename", "/f/r/4.tmp", "unknown", "u", "/f/r/4"),
+        _read("/f/r/4.tmp", None), _read("/f/r/4", None),
+    ]  # fmt: skip
+    assert any("exactly one of them" in v for v in fs_violations(lost, {}))
+    # The known gap: cut between writing the target and deleting the source.
+    figures: dict[str, Any] = {}
+    both = [
+        _fs("rename", "/f/r/5.tmp", "unknown", "v", "/f/r/5"),
+        _read("/f/r/5.tmp", "v"), _read("/f/r/5", "v"),
+    ]  # fmt: skip
+    assert fs_violations(both, figures) == []
+    assert figures["sr3:// renames left at both ends (unknown outcome, not retried)"] == 1
     split = [*clean, _read("/f/c/1", "other", side="b")]
     assert any("different contents" in v for v in fs_violations(split, {}))
