@@ -144,12 +144,11 @@ class Peer:
         try:
             await self._authenticate(request)
             response = await handler(request)
-        except ClockSkew as exc:
-            self.metrics.auth_failures.inc()
-            response = error_answer(401, "clock_skew", str(exc))
         except AuthFailure as exc:
             self.metrics.auth_failures.inc()
-            response = error_answer(401, "unauthorized", str(exc))
+            # A clock too far apart has its own code: clients then try other peers.
+            code = "clock_skew" if isinstance(exc, ClockSkew) else "unauthorized"
+            response = error_answer(401, code, str(exc))
         except Forbidden as exc:
             self.metrics.auth_failures.inc()
             response = error_answer(403, "forbidden", str(exc))

@@ -428,7 +428,6 @@ class RecordStore:
         most of any majority of that group hold."""
         async with self._lock:
             current = await self._slot(key, locked=True)
-            merged = current
             for other in slots:
                 check_value(other.value)
             promised = max([current.promised, *(other.promised for other in slots)])

@@ -63,7 +63,7 @@ What must hold, for every nemesis (``judge``):
 - with ``late-founder`` (no fault once running), no configuration past the founding and
   the four joins: nobody is removed;
 - with ``clock-jump``, the figures say how many of each side's calls were decided while
-  the clocks were off (``clock_violations`` says why that is not a bound here).
+  the clocks were off (``clock_figures`` says why that is not a bound here).
 
 And for ``minority-partition``, while the cut lasts: no write acknowledged to and no
 read answered for the minority side's client; the minority peer serves a ring with every
@@ -93,9 +93,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from histories import Call, call_from_json, verdicts
 from linearizability import Operation
-from netlab import NetLab, NetLabError
+from netlab import REQUIRE_NETLAB_ENV, NetLab, NetLabError, netlab_required
 
 from ring.auth import generate_secret
 from ring.config import ClusterFile, ClusterPeer
@@ -224,13 +225,7 @@ class Run:
         Path(peer.data_dir).mkdir(exist_ok=True)
         env = self.env
         if index in self.clock_files:
-            env = {
-                **env,
-                "LD_PRELOAD": faketime_library(),
-                "FAKETIME_TIMESTAMP_FILE": str(self.clock_files[index]),
-                "FAKETIME_CACHE_DURATION": str(FAKETIME_CACHE_S),
-                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            }
+            env = {**env, **faketime_env(self.clock_files[index])}
         self.peers[index] = self.lab.start_peer(
             index,
             peer_command(self.cluster, peer),
@@ -472,13 +467,26 @@ def faketime_library() -> str:
     return found
 
 
-def faketime_unavailable() -> str | None:
-    """Why ``clock-jump`` cannot run here, or None."""
+def faketime_env(offset_file: Path) -> dict[str, str]:
+    """The environment that runs a process under libfaketime, its wall clock offset by
+    what ``offset_file`` says (``+90``, ``-600``), its monotonic clock left alone."""
+    return {
+        "LD_PRELOAD": faketime_library(),
+        "FAKETIME_TIMESTAMP_FILE": str(offset_file),
+        "FAKETIME_CACHE_DURATION": str(FAKETIME_CACHE_S),
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+
+
+def require_faketime() -> None:
+    """Skip the calling test without libfaketime; fail it instead where the lab is
+    required (``SR3_REQUIRE_NETLAB=1``, CI)."""
     try:
         faketime_library()
     except FaultLabError as exc:
-        return str(exc)
-    return None
+        if netlab_required():
+            pytest.fail(f"{REQUIRE_NETLAB_ENV}=1 but {exc}", pytrace=False)
+        pytest.skip(str(exc))
 
 
 def start_with_fake_clocks(run: Run) -> None:
@@ -724,7 +732,7 @@ def judge(
     if "cut" in run.windows:
         report.violations += minority_violations(seen, run, report.figures)
     if "clocks" in run.windows:
-        report.violations += clock_violations(seen, run, report.figures)
+        clock_figures(seen, run, report.figures)
     return report
 
 
@@ -811,7 +819,7 @@ def fs_violations(lines: Sequence[dict[str, Any]], figures: dict[str, Any]) -> l
     return found
 
 
-def clock_violations(seen: Seen, run: Run, figures: dict[str, Any]) -> list[str]:
+def clock_figures(seen: Seen, run: Run, figures: dict[str, Any]) -> None:
     """While wall clocks were off: each side's calls decided, as a figure. Not a
     violation below a bound: libfaketime in every peer costs it about half its request
     rate (every clock read of the interpreter goes through the library, the GIL's
@@ -819,7 +827,6 @@ def clock_violations(seen: Seen, run: Run, figures: dict[str, Any]) -> list[str]
     is held where one peer alone runs under it (``test_ring_records``: a peer 600 s
     behind is one acceptor of five, every call decided)."""
     start_s, end_s = run.windows["clocks"]
-    found = []
     for side in SIDE_HOSTS:
         calls = [
             call
@@ -833,7 +840,6 @@ def clock_violations(seen: Seen, run: Run, figures: dict[str, Any]) -> list[str]
         )
         refused = sum(1 for call in calls if "clock_skew" in call.message)
         figures[f"side {side} calls failing on a clock_skew answer"] = refused
-    return found
 
 
 def side_figures(seen: Seen, nemesis_s: tuple[float, float]) -> dict[str, dict[str, SideFigures]]:

@@ -34,14 +34,14 @@ from faultlab import (
     NEMESES,
     Seen,
     epoch_violations,
-    faketime_unavailable,
     final_read_violations,
     fs_violations,
+    require_faketime,
     run_scenario,
 )
 from histories import Call
 from linearizability import Operation, Record
-from netlab import REQUIRE_NETLAB_ENV, netlab_required, require_netlab
+from netlab import require_netlab
 from support import SEED, SEED_ENV
 
 
@@ -51,10 +51,8 @@ def test_records_and_membership_hold_under_the_nemesis(
     nemesis: str, rng: random.Random, tmp_path: Path
 ) -> None:
     require_netlab()
-    if nemesis == "clock-jump" and (reason := faketime_unavailable()) is not None:
-        if netlab_required():
-            pytest.fail(f"{REQUIRE_NETLAB_ENV}=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
+    if nemesis == "clock-jump":
+        require_faketime()
     seed = rng.randrange(2**32)
     report = run_scenario(nemesis, seed, tmp_path)
     print(f"run seed {SEED} (replay with {SEED_ENV}={SEED}); scenario seed {seed}")

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from faultlab import faketime_library
-from netlab import REQUIRE_NETLAB_ENV, netlab_required
+from faultlab import faketime_env, require_faketime
 from support import HttpProbe, MakeCluster
 
 from ring import api, paxos, records_api
@@ -131,20 +130,14 @@ async def test_a_peer_whose_wall_clock_is_600_s_behind_costs_one_acceptor(
     and read as if it were down (every call succeeds), and it did answer 401
     ``clock_skew``; before, a client took that answer as its own credentials being
     wrong and every such call failed with AuthError."""
-    library = faketime_library_or_skip()
+    require_faketime()
     cluster = make_cluster(5)
     victim = cluster.cluster.peers[2]
     offset = tmp_path / "clock"
     offset.write_text("+0\n")
     await asyncio.to_thread(cluster.stop, victim.peer_id)
-    faked = {
-        "LD_PRELOAD": library,
-        "FAKETIME_TIMESTAMP_FILE": str(offset),
-        "FAKETIME_CACHE_DURATION": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in faked.items():
+        for name, value in faketime_env(offset).items():
             patch.setenv(name, value)
         await asyncio.to_thread(cluster.start, victim.peer_id)
     offset.write_text("-600\n")
@@ -258,13 +251,3 @@ async def test_get_record_returns_newest_version_with_one_replica_dead(
     async with Client(ring.ring, ring.secret) as client:
         record = await client.get_record(key)
         assert record is not None and (record.version, record.value) == (3, b"v3")
-
-
-def faketime_library_or_skip() -> str:
-    """libfaketime's path; skip without it, or fail where the lab is required (CI)."""
-    try:
-        return faketime_library()
-    except Exception as exc:  # FaultLabError: not installed
-        if netlab_required():
-            pytest.fail(f"{REQUIRE_NETLAB_ENV}=1 but {exc}", pytrace=False)
-        pytest.skip(str(exc))

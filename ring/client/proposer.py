@@ -469,7 +469,7 @@ class Proposer:
         fast_refused = fast and (
             none_took or acceptors.replication - len(refusals) < acceptors.fast_recoverable
         )
-        if mine and not fast_refused and (acks or result.unfinished or result.causes):
+        if mine and not fast_refused and (acks or unsure):
             self.exposed = True
         if refusals:
             self._preempted_by(key, max(refusal.promised for refusal in refusals))
