@@ -58,11 +58,16 @@ if TYPE_CHECKING:
 __all__ = [
     "INTENT_KEY_PREFIX",
     "Intent",
+    "Move",
     "MoveRefused",
+    "Placed",
     "Renames",
     "StateCache",
+    "abort_rename",
+    "intent_key",
     "move_directory",
     "rename_directory",
+    "start_move",
     "step_op",
 ]
 
@@ -94,6 +99,8 @@ class Intent:
     target: str
     state: IntentState
     started_ms: int
+    # What moves: a directory's tree, or one file (``filesystem.file_rename``).
+    kind: Literal["directory", "file"] = "directory"
 
     def encode(self) -> bytes:
         body = {
@@ -101,6 +108,7 @@ class Intent:
             "to": self.target,
             "state": self.state,
             "started_ms": self.started_ms,
+            "kind": self.kind,
         }
         return json.dumps(body, separators=(",", ":")).encode()
 
@@ -114,7 +122,10 @@ class Intent:
             raise ProtocolError("rename intent: started_ms is a count of milliseconds")
         source = fs_api.validate_path(str(body.get("from", "")))
         target = fs_api.validate_path(str(body.get("to", "")))
-        return cls(source, target, body["state"], started)
+        kind = body.get("kind", "directory")
+        if kind not in ("directory", "file"):
+            raise ProtocolError("rename intent: kind is 'directory' or 'file'")
+        return cls(source, target, body["state"], started, kind)
 
 
 def intent_key(op: str) -> str:
@@ -172,6 +183,14 @@ class StateCache:
         committed = self._seen[marker.rename] == "committed"
         return committed if marker.kind == "incoming" else not committed
 
+    async def shown(self, entry: Entry) -> Entry | None:
+        """What readers see of ``entry``: itself while visible, else the file it
+        replaces (an incoming file renamed with overwrite, before its commit), else
+        nothing."""
+        if await self.visible(entry.marker):
+            return entry
+        return entry.previous
+
 
 @dataclass(frozen=True, slots=True)
 class _Moving:
@@ -181,7 +200,7 @@ class _Moving:
 
 
 @dataclass(frozen=True, slots=True)
-class _Placed:
+class Placed:
     """A record this rename marked or copied: its path, version and entry."""
 
     path: str
@@ -238,7 +257,7 @@ async def _tree(ns: Namespace, root: str) -> list[_Moving]:
     return sorted(found, key=lambda moving: moving.source)
 
 
-async def _abort(ns: Namespace, rename: str) -> bool:
+async def abort_rename(ns: Namespace, rename: str) -> bool:
     """Abort another rename that is still copying; False when it committed first."""
     key = intent_key(rename)
     for _attempt in range(CAS_ATTEMPTS_MAX):
@@ -258,7 +277,7 @@ async def _abort(ns: Namespace, rename: str) -> bool:
     raise MoveRefused(503, "contention", f"rename {rename}: {CAS_ATTEMPTS_MAX} writers won")
 
 
-class _Move:
+class Move:
     """One directory rename, driven by its intent."""
 
     def __init__(self, ns: Namespace, op: str, intent: Intent, version: int) -> None:
@@ -268,14 +287,16 @@ class _Move:
         self.version = version  # of the intent record
         # What this attempt marked and copied, for the clean-up; None when it did not
         # copy the whole tree itself (a retry after the commit): the clean-up scans.
-        self.outgoing: list[_Placed] | None = None
-        self.incoming: list[_Placed] | None = None
+        self.outgoing: list[Placed] | None = None
+        self.incoming: list[Placed] | None = None
+        # Path -> version of the records the clean-up left in place.
+        self.settled: dict[str, int] = {}
 
     async def copy(self) -> None:
         """Mark every entry of the source outgoing and copy it incoming (idempotent)."""
         await self.ns.make_parents(self.intent.target)
-        outgoing: list[_Placed] = []
-        incoming: list[_Placed] = []
+        outgoing: list[Placed] = []
+        incoming: list[Placed] = []
 
         async def move_one(moving: _Moving) -> None:
             placed = await self._move_one(moving)
@@ -286,7 +307,7 @@ class _Move:
         await _each(await _tree(self.ns, self.intent.source), move_one)
         self.outgoing, self.incoming = outgoing, incoming
 
-    async def _move_one(self, moving: _Moving) -> tuple[_Placed, _Placed] | None:
+    async def _move_one(self, moving: _Moving) -> tuple[Placed, Placed] | None:
         """Mark one entry outgoing and copy it incoming; what was marked and copied,
         or None when the entry is not this tree's to move."""
         entry = moving.entry
@@ -294,17 +315,21 @@ class _Move:
             other = entry.marker
             if other.kind == "incoming":
                 if await self.ns.renames.state(other.rename) != "committed":
-                    return None  # another rename's hidden copy: not an entry of this tree
-            elif not await _abort(self.ns, other.rename):
+                    if entry.previous is None:
+                        return None  # another rename's hidden copy: not an entry of this tree
+                    if await abort_rename(self.ns, other.rename):
+                        # A file renamed onto this one, stopped: this one moves.
+                        entry = entry.previous
+            elif not await abort_rename(self.ns, other.rename):
                 return None  # moved away by another rename that committed: not here now
-        marked = replace(entry, marker=Marker("outgoing", self.op))
+        marked = replace(entry.settled(), marker=Marker("outgoing", self.op))
         version = moving.record.version
         if entry.marker != marked.marker:
             version = await self._write(fs_api.path_key(moving.source), marked, version)
         target = _mapped(moving.source, self.intent)
-        copied = replace(entry, marker=Marker("incoming", self.op))
+        copied = replace(entry.settled(), marker=Marker("incoming", self.op))
         copied_version = await self._copy(target, copied)
-        return _Placed(moving.source, version, marked), _Placed(target, copied_version, copied)
+        return Placed(moving.source, version, marked), Placed(target, copied_version, copied)
 
     async def _write(self, key: str, entry: Entry, version: int) -> int:
         try:
@@ -377,23 +402,36 @@ class _Move:
             self.incoming = [_placed(m) for m in scanned_in if self._ours(m, "incoming")]
             self.outgoing = [_placed(m) for m in scanned_out if self._ours(m, "outgoing")]
 
-        async def clear(placed: _Placed) -> None:
+        async def clear(placed: Placed) -> None:
+            """The entry stays, unmarked (or, an incoming file of an aborted rename,
+            the file it replaced comes back)."""
             key = fs_api.path_key(placed.path)
+            entry, step = placed.entry.settled(), "settled" if committed else "restored"
+            if not committed and placed.entry.previous is not None:
+                entry = placed.entry.previous
             # Changed meanwhile (RecordConflict): whoever wrote it decided what it is.
             with contextlib.suppress(RecordConflict, RecordUnknown):
-                await self.ns.client.put_record(
-                    key, encode_entry(replace(placed.entry, marker=None)),
-                    expected_version=placed.version, refs=placed.entry.refs,
-                    op=step_op(self.op, "settled", key),
+                self.settled[placed.path] = await self.ns.client.put_record(
+                    key, encode_entry(entry), expected_version=placed.version,
+                    refs=entry.refs, op=step_op(self.op, step, key),
                 )  # fmt: skip
 
-        async def delete(placed: _Placed) -> None:
+        async def delete(placed: Placed) -> None:
             key = fs_api.path_key(placed.path)
             with contextlib.suppress(RecordConflict, RecordUnknown):
                 await self.ns.client.delete_record(key, expected_version=placed.version)
 
-        await _each(self.incoming, clear if committed else delete)
-        await _each(self.outgoing, delete if committed else clear)
+        async def settle_one(item: tuple[Placed, bool]) -> None:
+            placed, keep = item
+            await (clear(placed) if keep else delete(placed))
+
+        # Incoming copies stay after a commit (and go after an abort, unless they hold
+        # the file they replaced); outgoing originals the other way round.
+        await _each(
+            [(p, committed or p.entry.previous is not None) for p in self.incoming]
+            + [(p, not committed) for p in self.outgoing],
+            settle_one,
+        )
         key = intent_key(self.op)
         version = self.version
         if not version:
@@ -408,31 +446,51 @@ class _Move:
         return marker is not None and marker.rename == self.op and marker.kind == kind
 
 
+async def start_move(
+    ns: Namespace,
+    source: str,
+    target: str,
+    record: RecordValue | None,
+    *,
+    op: str,
+    kind: Literal["directory", "file"],
+) -> Move:
+    """The rename ``op`` of ``source`` to ``target``: its intent written (``copying``)
+    when ``record`` (its intent record as just read) is None, else as it stands."""
+    key = intent_key(op)
+    if record is None:
+        intent = Intent(source, target, "copying", ns.wall_ms(), kind)
+        try:
+            version = await ns.client.put_record(key, intent.encode(), expected_version=0)
+        except (RecordConflict, RecordUnknown):
+            record = await ns.client.get_record(key)
+            if record is None:
+                # Its intent came and went: an earlier attempt finished or gave up.
+                raise MoveRefused(
+                    409, "changed", f"rename {op} ended before this attempt; rename again"
+                ) from None
+    if record is not None:
+        intent, version = Intent.decode(record.value), record.version
+        if (intent.source, intent.target, intent.kind) != (source, target, kind):
+            raise ProtocolError(
+                f"op {op} names the rename of the {intent.kind} {intent.source} to {intent.target}"
+            )
+    return Move(ns, op, intent, version)
+
+
 async def move_directory(
     ns: Namespace, source: str, target: str, record: RecordValue | None, *, op: str
 ) -> Stat:
     """Rename the directory ``source`` to ``target`` (which must not exist), or go on
     with the rename ``op`` started; ``record``: its intent record as just read (None:
     none yet); the stat of ``target``."""
-    key = intent_key(op)
-    if record is None:
-        intent = Intent(source, target, "copying", ns.wall_ms())
-        try:
-            version = await ns.client.put_record(key, intent.encode(), expected_version=0)
-        except (RecordConflict, RecordUnknown):
-            record = await ns.client.get_record(key)
-            if record is None:
-                raise MoveRefused(503, "contention", f"rename {op}: retry") from None
-    if record is not None:
-        intent, version = Intent.decode(record.value), record.version
-        if (intent.source, intent.target) != (source, target):
-            raise ProtocolError(f"op {op} names the rename of {intent.source} to {intent.target}")
-    move = _Move(ns, op, intent, version)
+    move = await start_move(ns, source, target, record, op=op, kind="directory")
+    intent = move.intent
     if intent.state == "copying":
         try:
             await move.copy()
         except MoveRefused:
-            if await _abort(ns, op):
+            if await abort_rename(ns, op):
                 move.intent, move.version = replace(intent, state="aborted"), 0
                 await move.settle()
             raise
@@ -475,5 +533,5 @@ async def rename_directory(
     return await move_directory(ns, source, target, record, op=op)
 
 
-def _placed(moving: _Moving) -> _Placed:
-    return _Placed(moving.source, moving.record.version, moving.entry)
+def _placed(moving: _Moving) -> Placed:
+    return Placed(moving.source, moving.record.version, moving.entry)

@@ -38,7 +38,6 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import xxhash
 
@@ -46,11 +45,23 @@ from filesystem.entries import (
     INLINE_BYTES_MAX,
     STAT_BYTES,
     Entry,
+    Head,
+    Marker,
     decode_entry,
     decode_head,
     encode_entry,
 )
-from filesystem.moves import MoveRefused, Renames, StateCache, rename_directory
+from filesystem.file_rename import rename_file
+from filesystem.moves import (
+    Intent,
+    MoveRefused,
+    Renames,
+    StateCache,
+    abort_rename,
+    intent_key,
+    rename_directory,
+    step_op,
+)
 from filesystem.reads import read_entry
 from ring import fs_api
 from ring.blobs import BlobRef, Extent
@@ -147,8 +158,8 @@ class Namespace:
         record = await self.client.get_record(fs_api.path_key(path))
         if record is None:
             return _Found(None)
-        entry = decode_entry(record.value)
-        if not await self.renames.cache().visible(entry.marker):
+        entry = await self.renames.cache().shown(decode_entry(record.value))
+        if entry is None:
             return _Found(None, hidden=record)
         stat = Stat(path, entry.type, entry.size, entry.mtime_ms, record.version, _checksum(entry))
         if entry.type == "directory":
@@ -218,10 +229,17 @@ class Namespace:
             for record in scan.records:
                 name = record.key[len(prefix) :]
                 head = decode_head(record.head)
-                if not await renames.visible(head.marker):
-                    hidden.add(name)
-                    continue
                 child = f"{base}/{fs_api.name_of_key(name)}"
+                if not await renames.visible(head.marker):
+                    if not head.has_previous:
+                        hidden.add(name)
+                        continue
+                    # A file a rename with overwrite is replacing: until it commits,
+                    # the one it replaces, whose stat is in the record.
+                    seen = await self.find(child)
+                    if seen.stat is not None:
+                        found[name] = seen.stat
+                    continue
                 found[name] = Stat(child, head.type, head.size, head.mtime_ms, record.version)
             implied = [r[len(prefix) : -1] for r in scan.prefixes]
             unknown = [n for n in implied if n not in found and n not in hidden]
@@ -250,7 +268,7 @@ class Namespace:
                     f"{prefix}{name}/", limit=IMPLIED_CHECK_RECORDS, head_bytes=STAT_BYTES
                 )
             for record in scan.records:
-                if await renames.visible(decode_head(record.head).marker):
+                if await _shows(renames, decode_head(record.head)):
                     live.append(name)
                     return
             if scan.truncated:  # not known empty, so shown
@@ -311,10 +329,13 @@ class Namespace:
         key = fs_api.path_key(directory)
         for _attempt in range(CAS_ATTEMPTS_MAX):
             current = await self.client.get_record(key, include_deleted=True)
-            if current is not None and not current.deleted and await self._visible(current):
-                if decode_entry(current.value).type == "file":
+            shown = await self._shown(current)
+            if shown is not None:
+                if shown.type == "file":
                     raise FsError(409, "parent_is_file", f"{directory} is a file")
                 return False
+            if not await self.give_way(current):
+                continue
             try:
                 await self.client.put_record(
                     key, value, expected_version=0 if current is None else current.version
@@ -324,49 +345,53 @@ class Namespace:
             return True
         raise FsError(503, "contention", f"{directory}: {CAS_ATTEMPTS_MAX} writers won")
 
-    async def _visible(self, record: RecordValue) -> bool:
-        """Whether readers see the entry ``record`` holds (a directory rename's marks)."""
-        return await self.renames.cache().visible(decode_entry(record.value).marker)
+    async def _shown(self, record: RecordValue | None) -> Entry | None:
+        """What readers see of the entry ``record`` holds (renames' marks), if anything."""
+        if record is None or record.deleted:
+            return None
+        return await self.renames.cache().shown(decode_entry(record.value))
+
+    async def give_way(self, record: RecordValue | Marker | None) -> bool:
+        """Before a record (or the entry of ``marker``) is replaced or deleted: the
+        rename that marked it, if it is still copying, is aborted, so that it never
+        commits a copy of a file changed meanwhile, nor over one written at its target.
+        False when that rename committed first: what readers see there changed, and the
+        caller reads it again."""
+        marker = record
+        if isinstance(record, RecordValue):
+            marker = None if record.deleted else decode_head(record.value[:STAT_BYTES]).marker
+        if not isinstance(marker, Marker):
+            return True
+        if await self.renames.state(marker.rename) != "copying":
+            return True
+        return await abort_rename(self, marker.rename)
 
     def _check_not_known_directory(self, path: str) -> None:
         if self._is_known(path):
             raise FsError(409, "is_directory", f"{path} is a directory")
 
-    async def _store(
-        self,
-        path: str,
-        entry: Entry,
-        *,
-        overwrite: bool,
-        op: str,
-        known: RecordValue | Literal[False] | None = False,
-    ) -> Stat:
+    async def _store(self, path: str, entry: Entry, *, overwrite: bool, op: str) -> Stat:
         """Name ``entry`` at ``path``: a compare-and-set on the path's record, retried
         when a concurrent writer wins the version (``exists`` if it made a file there
-        and ``overwrite`` is off; ``is_directory`` where a directory is). ``known``: the
-        record as the caller just read it (tombstones included), for the first attempt;
-        without it the first attempt creates, as if the path were new (most are: one
-        round instead of a read and a round)."""
+        and ``overwrite`` is off; ``is_directory`` where a directory is). The first
+        attempt creates, as if the path were new (most are: one round instead of a read
+        and a round); a record it replaces gives way first (``give_way``)."""
         key = fs_api.path_key(path)
         value = encode_entry(entry)
         current: RecordValue | None = None
         for attempt in range(CAS_ATTEMPTS_MAX):
-            if attempt > 0 or known is not False:
-                current = (
-                    known
-                    if attempt == 0 and known is not False
-                    else (await self.client.get_record(key, include_deleted=True))
-                )
-                present = (
-                    current is not None and not current.deleted and await self._visible(current)
-                )
-                if current is not None and current.op == op and present:
+            if attempt > 0:
+                current = await self.client.get_record(key, include_deleted=True)
+                shown = await self._shown(current)
+                if current is not None and current.op == op and shown is not None:
                     return _stat_of(path, current)
-                if current is not None and present:
-                    if decode_entry(current.value).type == "directory":
+                if shown is not None:
+                    if shown.type == "directory":
                         raise FsError(409, "is_directory", f"{path} is a directory")
                     if not overwrite:
                         raise FsError(409, "exists", f"{path} exists")
+                if not await self.give_way(current):
+                    continue
             expected = 0 if current is None else current.version
             try:
                 version = await self.client.put_record(
@@ -441,7 +466,8 @@ class Namespace:
         if found.stat is None:
             return 0
         if found.record is not None:
-            return await self._delete_key(fs_api.path_key(path), found.record.version, "file")
+            key = fs_api.path_key(path)
+            return await self._delete_key(key, found.record.version, "file", found.record)
         prefix = fs_api.entries_prefix(path)
         if not recursive and await self.holds_anything(prefix):
             raise FsError(409, "not_empty", f"{path} is a directory that is not empty")
@@ -449,10 +475,10 @@ class Namespace:
         removed = 0
         slots = asyncio.Semaphore(CHILD_READS_MAX)
 
-        async def one(key: str, version: int, kind: str) -> None:
+        async def one(key: str, version: int, head: Head) -> None:
             nonlocal removed
             async with slots:
-                gone = await self._delete_key(key, version, kind)
+                gone = await self._delete_key(key, version, head.type, head.marker)
             removed += gone
 
         # Page by page, each page past the last (its entries are gone before the next
@@ -466,8 +492,8 @@ class Namespace:
             try:
                 async with asyncio.TaskGroup() as group:
                     for record in scan.records:
-                        kind = decode_head(record.head).type
-                        group.create_task(one(record.key, record.version, kind))
+                        head = decode_head(record.head)
+                        group.create_task(one(record.key, record.version, head))
             except BaseExceptionGroup as group_error:
                 raise first_error(group_error) from None
             if not scan.truncated:
@@ -490,25 +516,30 @@ class Namespace:
                 prefix, limit=IMPLIED_CHECK_RECORDS, after=cursor, head_bytes=STAT_BYTES
             )
             for record in scan.records:
-                if await renames.visible(decode_head(record.head).marker):
+                if await _shows(renames, decode_head(record.head)):
                     return True
             if not scan.truncated:
                 return False
             cursor = scan.last
         return True
 
-    async def _delete_key(self, key: str, version: int, kind: str) -> int:
-        """Delete ``key``, a ``kind`` ("file" or "directory") as read at ``version``; when
-        it changed meanwhile, read it again and delete what is there if it is still of
-        that kind (a directory that replaced a file, or the reverse, is not what was asked
-        to go)."""
+    async def _delete_key(
+        self, key: str, version: int, kind: str, marked: RecordValue | Marker | None = None
+    ) -> int:
+        """Delete ``key``, a ``kind`` ("file" or "directory") as read at ``version``
+        (``marked``: the record, or its marker); when it changed meanwhile, read it again
+        and delete what is there if it is still of that kind (a directory that replaced a
+        file, or the reverse, is not what was asked to go)."""
         expected: int | None = version
         for _attempt in range(CAS_ATTEMPTS_MAX):
             if expected is None:
                 current = await self.client.get_record(key)
                 if current is None or decode_entry(current.value).type != kind:
                     return 0
-                expected = current.version
+                expected, marked = current.version, current
+            if not await self.give_way(marked):
+                expected = None
+                continue
             try:
                 await self.client.delete_record(key, expected_version=expected)
             except (RecordConflict, RecordUnknown):
@@ -525,38 +556,34 @@ class Namespace:
             fs_api.components(source)
         ):
             raise FsError(409, "is_directory", f"{target} is the root or under {source}")
-        done, found = await asyncio.gather(
+        done, found, intent = await asyncio.gather(
             self.client.get_record(fs_api.path_key(target), include_deleted=True),
             self.find(source),
+            self.client.get_record(intent_key(op)),
         )
-        if done is not None and done.op == op and not done.deleted:
-            there = decode_entry(done.value)
-            if there.marker is None and there.type == "file":
-                # A retry of a rename that went through: its source may still be there.
-                if found.record is not None:
-                    await self._delete_source(source, found.record.version)
-                return _stat_of(target, done)
-        if found.record is None or found.entry is None:  # a directory, or nothing (moved?)
-            exists = found.stat is not None
-            try:
+        try:
+            if intent is not None and Intent.decode(intent.value).kind == "file":
+                return await rename_file(self, source, target, intent, op=op, overwrite=overwrite)
+            if (
+                intent is None
+                and done is not None
+                and not done.deleted
+                and done.op in (op, step_op(op, "settled", fs_api.path_key(target)))
+            ):
+                return _stat_of(target, done)  # a retry of a rename that went through
+            if found.record is None or found.entry is None:  # a directory, or nothing
+                exists = found.stat is not None
                 return await rename_directory(
                     self, source, target, exists, op=op, overwrite=overwrite
                 )
-            except MoveRefused as refused:
-                raise FsError(refused.status, refused.code, str(refused)) from None
-        self._check_not_known_directory(target)
-        await self.make_parents(target)
-        stat = await self._store(target, found.entry, overwrite=overwrite, op=op, known=done)
-        await self._delete_source(source, found.record.version)
-        return stat
-
-    async def _delete_source(self, path: str, version: int) -> None:
-        """Delete the source of a rename at the version that was moved, unless someone
-        wrote it again meanwhile (then it stays: it is another file now)."""
-        try:
-            await self.client.delete_record(fs_api.path_key(path), expected_version=version)
-        except (RecordConflict, RecordUnknown):
-            log.info("rename: %s changed while it was moved; left in place", path)
+            self._check_not_known_directory(target)
+            await self.make_parents(target)
+            return await rename_file(
+                self, source, target, None, op=op, overwrite=overwrite,
+                known=(found.record, done),
+            )  # fmt: skip
+        except MoveRefused as refused:
+            raise FsError(refused.status, refused.code, str(refused)) from None
 
     async def mkdirs(self, path: str) -> bool:
         """Make ``path`` a directory (its parents are implied); False if it was one."""
@@ -586,3 +613,9 @@ def _checksum(entry: Entry) -> str:
     if entry.blob is not None:
         return entry.blob.digest
     return xxhash.xxh3_128(entry.inline).hexdigest()
+
+
+async def _shows(renames: StateCache, head: Head) -> bool:
+    """Whether readers see an entry (itself, or the one it replaces) in the record whose
+    first bytes are ``head``."""
+    return head.has_previous or await renames.visible(head.marker)

@@ -744,9 +744,7 @@ def fs_violations(lines: Sequence[dict[str, Any]], figures: dict[str, Any]) -> l
       winner's bytes; with no winner it holds nothing or the bytes of a create whose
       outcome is unknown, never those of a refused one;
     - a rename is atomic: acknowledged, the bytes are at the target and the source is
-      gone; refused, nothing moved; unknown, the bytes are at exactly one of the two,
-      or (a known gap, counted in the figures) at both, when the call was cut between
-      writing the target and deleting the source and never retried;
+      gone; refused, nothing moved; unknown, the bytes are at exactly one of the two;
     - after the heal every path reads back, and both sides read the same."""
     calls = [line for line in lines if line.get("type") == "fs"]
     finals: dict[str, set[str | None]] = collections.defaultdict(set)
@@ -785,18 +783,11 @@ def fs_violations(lines: Sequence[dict[str, Any]], figures: dict[str, Any]) -> l
         elif not won and now is not None and now not in maybe:
             why = "a refused create's" if now in refused else "bytes no create wrote"
             found.append(f"{path}: holds {now!r} ({why}) with no create acknowledged")
-    torn = 0
     for call in renames:
         source, target, data = call["path"], call["target"], call["data"]
         if source not in finals or target not in finals:
             continue
         at = (final(source), final(target))
-        if call["outcome"] == "unknown" and at == (data, data):
-            # Known gap: a file rename writes the target, then deletes the source; one
-            # cut between the two, and never retried with its op, leaves both. Counted,
-            # not a violation, until renames of files are made atomic (benchmarks/REPORT.md).
-            torn += 1
-            continue
         expected = {
             "ok": [(None, data)],
             "refused": [(data, None)],
@@ -812,7 +803,6 @@ def fs_violations(lines: Sequence[dict[str, Any]], figures: dict[str, Any]) -> l
         f"{sum(1 for c in calls if c['outcome'] == 'refused')} refused, "
         f"{sum(1 for c in calls if c['outcome'] == 'unknown')} unknown"
     )
-    figures["sr3:// renames left at both ends (unknown outcome, not retried)"] = torn
     figures["sr3:// contested paths won"] = sum(
         1 for attempts in creates.values() if any(a["outcome"] == "ok" for a in attempts)
     )

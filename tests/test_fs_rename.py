@@ -63,9 +63,12 @@ async def _walk(fs: FsClient, root: str) -> dict[str, int]:
     return found
 
 
-async def _rename(fs: FsClient, source: str, target: str, op: str) -> fs_api.Stat:
+async def _rename(
+    fs: FsClient, source: str, target: str, op: str, *, overwrite: bool = False
+) -> fs_api.Stat:
     """A rename with a given operation id (every retry of it carries the same)."""
     query = f"?from={quote(source, safe='')}&to={quote(target, safe='')}&op={op}"
+    query += "&overwrite=1" if overwrite else ""
     answer = await fs._request("POST", fs_api.FS_RENAME.pattern + query)
     return fs_api.parse_stat(answer.json())
 

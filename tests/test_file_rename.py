@@ -1,0 +1,268 @@
+"""File rename in the ``sr3://`` namespace (``filesystem.file_rename``): the file is at
+its source or at its target, never both and never neither, wherever the request is cut.
+
+What it breaks: a rename's coordinator stopped after each of its writes (before the
+write goes out, or after it landed and before its answer came back), then read through
+other peers, then retried with the same operation id or never retried; readers of a
+target replaced with overwrite while it is replaced; writers of either end while a
+rename of it hangs half-way.
+
+The cut is made in the coordinator's ring client (a namespace over the shared ring whose
+client stops at the Nth write): that is the point the test is about, and a SIGKILL of a
+peer cannot be timed to one write of a rename of a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import secrets
+import time
+from typing import Any, Literal
+
+import pytest
+from test_fs_rename import _rename
+
+from filesystem.namespace import FsError, Namespace
+from ring.client import Client
+from ring.errors import NotFound
+from spark_connector.fs_client import FsClient, FsRefused
+from sr3.local import LocalCluster
+
+# The writes of a file rename: intent, two marks, commit, two clean-ups, intent gone.
+RENAME_WRITES = 7
+READS_WHILE_REPLACED_MIN = 10
+
+
+class _Cut(Exception):
+    """The coordinator stopped here."""
+
+
+class CutClient:
+    """A ring client that stops at its ``cut_at``-th write (counting from 0): before
+    sending it, or ("after") once it landed, as a coordinator that dies before or
+    after a write reaches the ring."""
+
+    def __init__(self, client: Client, cut_at: int, when: Literal["before", "after"]) -> None:
+        self._client = client
+        self._cut_at = cut_at
+        self._when = when
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def _write(self, name: str, *args: Any, **kwargs: Any) -> int:
+        index = self.writes
+        self.writes += 1
+        if index == self._cut_at and self._when == "before":
+            raise _Cut(f"cut before write {index}")
+        if index > self._cut_at:
+            raise _Cut(f"write {index} after the cut")
+        result: int = await getattr(self._client, name)(*args, **kwargs)
+        if index == self._cut_at:
+            raise _Cut(f"cut after write {index}")
+        return result
+
+    async def put_record(self, *args: Any, **kwargs: Any) -> int:
+        return await self._write("put_record", *args, **kwargs)
+
+    async def delete_record(self, *args: Any, **kwargs: Any) -> int:
+        return await self._write("delete_record", *args, **kwargs)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _where(
+    fs: FsClient, source: str, target: str, data: bytes, old: bytes | None = None
+) -> tuple[bool, bool]:
+    """Whether ``data`` is at the source and at the target, by reads and by listings
+    (which must agree); the target holds ``old`` when it does not."""
+    at: list[bool] = []
+    for path, other in ((source, None), (target, old)):
+        try:
+            read = await fs.read(path)
+        except NotFound:
+            read = None
+        assert read in (data, other), (path, read)
+        parent = path.rsplit("/", 1)[0]
+        try:
+            listed = path in {entry.path for entry in await fs.list(parent)}
+        except NotFound:
+            listed = False
+        assert (read is not None) == listed, (path, read, listed)
+        at.append(read == data)
+    return at[0], at[1]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("overwrite", [False, True])
+async def test_a_rename_cut_after_any_write_leaves_the_file_at_one_end(
+    ring: LocalCluster, rng: random.Random, when: Literal["before", "after"], overwrite: bool
+) -> None:
+    """Breaks: a file rename (onto a free path, or with overwrite onto a file) whose
+    coordinator stops before or after each of its writes in turn. Must hold: read and
+    listed through another peer, the file is at exactly one end (the target holds the
+    old file or the new one, never neither); a retry with the same op finishes the
+    rename; with no retry, a new rename of the file and a write of the target both
+    work."""
+    root = f"/tests/fmv-{rng.randrange(10**12)}"
+    async with (
+        Client(ring.ring, ring.secret) as client,
+        FsClient(ring.cluster.addresses[1:3], ring.secret) as fs,
+    ):
+        for cut_at in range(RENAME_WRITES + 1):
+            source, target = f"{root}/{cut_at}/part.tmp", f"{root}/{cut_at}/part"
+            data, old = rng.randbytes(rng.randrange(1, 3000)), b"old file"
+            await fs.write(source, data)
+            if overwrite:
+                await fs.write(target, old)
+            op = secrets.token_hex(12)
+            cut = CutClient(client, cut_at, when)
+            namespace = Namespace(cut, _wall_ms)  # type: ignore[arg-type]
+            try:
+                await namespace.rename(source, target, overwrite=overwrite, op=op)
+                finished = True
+            except _Cut:
+                finished = False
+            assert finished == (cut_at >= RENAME_WRITES), (cut_at, cut.writes)
+            before = old if overwrite else None
+            at_source, at_target = await _where(fs, source, target, data, before)
+            assert at_source != at_target, (cut_at, when, at_source, at_target)
+            if cut_at % 2 == 0:
+                await _rename(fs, source, target, op, overwrite=overwrite)
+                assert await _where(fs, source, target, data) == (False, True)
+            elif at_source:
+                await fs.rename(source, f"{source}.again")
+                assert await fs.read(f"{source}.again") == data
+                await fs.write(target, b"written over", overwrite=True)
+                assert await fs.read(target) == b"written over"
+                assert not await fs.exists(source)
+            else:
+                await fs.write(target, b"written over", overwrite=True)
+                assert await fs.read(target) == b"written over"
+                assert not await fs.exists(source)
+
+
+async def test_readers_of_a_target_replaced_with_overwrite_see_the_old_or_new_file(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a target read over and over through two other peers while files are
+    renamed onto it with overwrite, one after another. Must hold: every read returns the
+    old file or the new one (never 404, never bytes of neither), and once the rename
+    answers, the new one."""
+    root = f"/tests/fmv-{rng.randrange(10**12)}"
+    target = f"{root}/final"
+    contents = [f"version {index}".encode() * rng.randrange(1, 50) for index in range(6)]
+    async with FsClient(ring.cluster.addresses[0], ring.secret) as fs:
+        await fs.write(target, contents[0])
+        done = asyncio.Event()
+        seen: list[int] = []
+
+        async def reader(address: str) -> None:
+            async with FsClient(address, ring.secret) as other:
+                while not done.is_set():
+                    seen.append(contents.index(await other.read(target)))
+
+        readers = [asyncio.create_task(reader(a)) for a in ring.cluster.addresses[3:5]]
+        for index, data in enumerate(contents[1:], start=1):
+            await fs.write(f"{root}/tmp-{index}", data)
+            await fs.rename(f"{root}/tmp-{index}", target, overwrite=True)
+            assert await fs.read(target) == data
+        done.set()
+        await asyncio.gather(*readers)
+    assert len(seen) >= READS_WHILE_REPLACED_MIN, len(seen)
+
+
+@pytest.mark.parametrize("writer", ["create-target", "overwrite-source", "delete-source"])
+async def test_a_write_of_either_end_stops_a_rename_left_half_way(
+    ring: LocalCluster, rng: random.Random, writer: str
+) -> None:
+    """Breaks: a rename cut after its marks (intent copying, source marked, copy written
+    hidden at the target), then a create of the target, an overwrite of the source or a
+    delete of the source through another peer, then the rename's retry. Must hold: the
+    write works as on files no rename touches and aborts the rename, whose retry is
+    refused (409 changed): it never commits a copy of a file changed meanwhile, nor over
+    a file written at its target."""
+    root = f"/tests/fmv-{rng.randrange(10**12)}"
+    source, target = f"{root}/a.tmp", f"{root}/a"
+    op = secrets.token_hex(12)
+    async with (
+        Client(ring.ring, ring.secret) as client,
+        FsClient(ring.cluster.addresses[2], ring.secret) as fs,
+    ):
+        await fs.write(source, b"renamed")
+        namespace = Namespace(CutClient(client, 3, "before"), _wall_ms)  # type: ignore[arg-type]
+        with pytest.raises(_Cut):
+            await namespace.rename(source, target, overwrite=False, op=op)
+        assert await _where(fs, source, target, b"renamed") == (True, False)
+        if writer == "create-target":
+            await fs.write(target, b"created")
+        elif writer == "overwrite-source":
+            await fs.write(source, b"rewritten", overwrite=True)
+        else:
+            assert await fs.delete(source)
+        assert await Namespace(client, _wall_ms).renames.state(op) == "aborted"
+        with pytest.raises(FsRefused) as refused:
+            await _rename(fs, source, target, op)
+        assert refused.value.code == "changed"
+        expected = {
+            "create-target": (b"renamed", b"created"),
+            "overwrite-source": (b"rewritten", None),
+            "delete-source": (None, None),
+        }[writer]
+        for path, data in zip((source, target), expected, strict=True):
+            if data is None:
+                assert not await fs.exists(path)
+            else:
+                assert await fs.read(path) == data
+
+
+async def test_a_rename_onto_a_directory_or_without_overwrite_writes_nothing(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Must hold: a file renamed onto a directory, or onto a file without overwrite, is
+    refused before any write (no intent is left behind), and both ends stay as they
+    were."""
+    root = f"/tests/fmv-{rng.randrange(10**12)}"
+    async with Client(ring.ring, ring.secret) as client:
+        cut = CutClient(client, 0, "before")
+        namespace = Namespace(cut, _wall_ms)  # type: ignore[arg-type]
+        async with FsClient(ring.cluster.addresses[0], ring.secret) as fs:
+            await fs.write(f"{root}/f", b"file")
+            await fs.write(f"{root}/other", b"other")
+            await fs.mkdirs(f"{root}/dir")
+            for target, code in ((f"{root}/dir", "is_directory"), (f"{root}/other", "exists")):
+                with pytest.raises(FsError) as refused:
+                    op = secrets.token_hex(12)
+                    await namespace.rename(f"{root}/f", target, overwrite=False, op=op)
+                assert refused.value.code == code
+            assert cut.writes == 0
+            assert await fs.read(f"{root}/f") == b"file"
+            assert await fs.read(f"{root}/other") == b"other"
+
+
+def test_cut_client_stops_where_it_is_told() -> None:
+    """The test's own cut: it must stop at the write it names, before or after it."""
+
+    class Writes:
+        def __init__(self) -> None:
+            self.done: list[int] = []
+
+        async def put_record(self, value: int) -> int:
+            self.done.append(value)
+            return value
+
+    async def run(when: Literal["before", "after"]) -> list[int]:
+        inner = Writes()
+        cut = CutClient(inner, 2, when)  # type: ignore[arg-type]
+        for value in range(5):
+            with contextlib.suppress(_Cut):
+                await cut.put_record(value)
+        return inner.done
+
+    assert asyncio.run(run("before")) == [0, 1]
+    assert asyncio.run(run("after")) == [0, 1, 2]
