@@ -28,9 +28,11 @@ delete of either tree, or a later write at those paths, removes them. Another re
 the same source aborts an abandoned one first (a compare-and-set of its intent to
 ``aborted``, which a commit of it cannot pass), so one rename of a tree wins, never two.
 
-Not given (as HDFS gives it under its namespace lock): a file created under the source
-while the rename runs may stay at the source; writes into the destination before the
-commit are not supported.
+A write that replaces or deletes a marked entry (``Namespace.give_way``) aborts a rename
+still copying it first, so a rename never commits over a file written at its
+destination meanwhile, nor a copy of a file changed or deleted meanwhile. Not given (as
+HDFS gives it under its namespace lock): a file created under the source while the
+rename runs may stay at the source.
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ Semantics Spark's checkpoint code relies on (as on HDFS):
 
 - create-if-absent is exact: of many concurrent creates of one path, one wins and the
   others get 409 "exists" (the record's compare-and-set decides);
-- rename of a file with overwrite replaces the destination in one record write, so a
-  reader sees the old file or the new one, never neither; the source is deleted after
-  (a reader may see both for that moment; a crash in between leaves both, never neither);
 - rename of a directory moves its whole tree at one instant (``filesystem.moves``: an
   intent, marked copies, a commit): a reader finds it whole at the source or whole at
   the destination, and a crash mid-way is finished by the retry or stays invisible;
+- rename of a file is the same for one entry (``filesystem.file_rename``): the file is
+  at one end, never both, never neither; with overwrite a reader of the target sees the
+  old file or the new one;
 - a file is never under another file, nor where a directory is.
 
 Every directory has a record: ``mkdirs`` writes it, and so does a create for each
