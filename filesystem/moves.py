@@ -365,8 +365,10 @@ class Move:
                     there = decode_entry(current.value)
                     if there.marker == incoming.marker:
                         return current.version  # copied by an earlier attempt
-                    if await self.ns.renames.cache().visible(there.marker):
+                    if await self.ns.renames.cache().shown(there) is not None:
                         raise MoveRefused(409, "exists", f"{path} exists")
+                    if not await self.ns.give_way(current):
+                        continue
             try:
                 return await self.ns.client.put_record(
                     key, encode_entry(incoming), expected_version=expected,
@@ -387,9 +389,14 @@ class Move:
             state = None if record is None else Intent.decode(record.value).state
             self.version = 0 if record is None else record.version
             if state != "committed":
+                # Aborted by a write that met one of its marks, or by another rename of
+                # the same source: what this attempt placed is cleaned up.
+                self.intent = replace(self.intent, state="aborted")
+                await self.settle()
                 raise MoveRefused(
                     409, "changed", f"the rename of {self.intent.source} was abandoned: "
-                    "another rename of it won; rename again",
+                    "a write of its source or target, or another rename of it, came "
+                    "first; rename again",
                 ) from None  # fmt: skip
         self.intent = replace(self.intent, state="committed")
 

@@ -19,12 +19,16 @@ import contextlib
 import random
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import pytest
 from test_fs_rename import _rename
 
+from filesystem.entries import decode_entry
+from filesystem.moves import intent_key
 from filesystem.namespace import FsError, Namespace
+from ring import fs_api
 from ring.client import Client
 from ring.errors import NotFound
 from spark_connector.fs_client import FsClient, FsRefused
@@ -219,6 +223,63 @@ async def test_a_write_of_either_end_stops_a_rename_left_half_way(
                 assert not await fs.exists(path)
             else:
                 assert await fs.read(path) == data
+
+
+class InterposedClient:
+    """A ring client that runs ``step`` just before its ``at``-th write (from 0): another
+    writer acting between two writes of a rename."""
+
+    def __init__(self, client: Client, at: int, step: Callable[[], Awaitable[None]]) -> None:
+        self._client = client
+        self._at = at
+        self._step = step
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def _write(self, name: str, *args: Any, **kwargs: Any) -> int:
+        if self.writes == self._at:
+            await self._step()
+        self.writes += 1
+        result: int = await getattr(self._client, name)(*args, **kwargs)
+        return result
+
+    async def put_record(self, *args: Any, **kwargs: Any) -> int:
+        return await self._write("put_record", *args, **kwargs)
+
+    async def delete_record(self, *args: Any, **kwargs: Any) -> int:
+        return await self._write("delete_record", *args, **kwargs)
+
+
+async def test_a_rename_whose_target_is_written_before_its_commit_is_refused_and_undone(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a create of the target through another peer lands between a rename's
+    marks and its commit (the rename still running). Must hold: the create wins and the
+    rename is refused (409 changed) without committing; the rename cleans up after
+    itself: the source is unmarked and whole, no intent is left."""
+    root = f"/tests/fmv-{rng.randrange(10**12)}"
+    source, target = f"{root}/a.tmp", f"{root}/a"
+    op = secrets.token_hex(12)
+    async with (
+        Client(ring.ring, ring.secret) as client,
+        FsClient(ring.cluster.addresses[4], ring.secret) as fs,
+    ):
+        await fs.write(source, b"renamed")
+
+        async def create_target() -> None:
+            await fs.write(target, b"created")
+
+        namespace = Namespace(InterposedClient(client, 3, create_target), _wall_ms)  # type: ignore[arg-type]
+        with pytest.raises(FsError) as refused:
+            await namespace.rename(source, target, overwrite=False, op=op)
+        assert refused.value.code == "changed"
+        assert await fs.read(source) == b"renamed"
+        assert await fs.read(target) == b"created"
+        assert await client.get_record(intent_key(op)) is None
+        record = await client.get_record(fs_api.path_key(source))
+        assert record is not None and decode_entry(record.value).marker is None
 
 
 async def test_a_rename_onto_a_directory_or_without_overwrite_writes_nothing(
