@@ -185,6 +185,16 @@ class StateCache:
         committed = self._seen[marker.rename] == "committed"
         return committed if marker.kind == "incoming" else not committed
 
+    async def gone(self, marker: Marker | None) -> bool:
+        """Whether ``marker`` names a rename whose intent is gone: cleaned up after the
+        record was read (the clean-up clears every mark before it drops the intent), so
+        the record is to be read again."""
+        if marker is None:
+            return False
+        if marker.rename not in self._seen:
+            self._seen[marker.rename] = await self._renames.state(marker.rename)
+        return self._seen[marker.rename] is None
+
     async def shown(self, entry: Entry) -> Entry | None:
         """What readers see of ``entry``: itself while visible, else the file it
         replaces (an incoming file renamed with overwrite, before its commit), else
@@ -411,28 +421,43 @@ class Move:
             self.incoming = [_placed(m) for m in scanned_in if self._ours(m, "incoming")]
             self.outgoing = [_placed(m) for m in scanned_out if self._ours(m, "outgoing")]
 
-        async def clear(placed: Placed) -> None:
+        async def clear(placed: Placed) -> int:
             """The entry stays, unmarked (or, an incoming file of an aborted rename,
             the file it replaced comes back)."""
             key = fs_api.path_key(placed.path)
             entry, step = placed.entry.settled(), "settled" if committed else "restored"
             if not committed and placed.entry.previous is not None:
                 entry = placed.entry.previous
-            # Changed meanwhile (RecordConflict): whoever wrote it decided what it is.
-            with contextlib.suppress(RecordConflict, RecordUnknown):
-                self.settled[placed.path] = await self.ns.client.put_record(
-                    key, encode_entry(entry), expected_version=placed.version,
-                    refs=entry.refs, op=step_op(self.op, step, key),
-                )  # fmt: skip
+            version = await self.ns.client.put_record(
+                key, encode_entry(entry), expected_version=placed.version,
+                refs=entry.refs, op=step_op(self.op, step, key),
+            )  # fmt: skip
+            self.settled[placed.path] = version
+            return version
 
-        async def delete(placed: Placed) -> None:
+        async def delete(placed: Placed) -> int:
             key = fs_api.path_key(placed.path)
-            with contextlib.suppress(RecordConflict, RecordUnknown):
-                await self.ns.client.delete_record(key, expected_version=placed.version)
+            return await self.ns.client.delete_record(key, expected_version=placed.version)
 
         async def settle_one(item: tuple[Placed, bool]) -> None:
+            """One record cleaned up, or found changed by someone else; tried again
+            while it still holds this rename's mark (a write whose outcome was lost):
+            the intent goes only once no record holds one, or a reader that meets a
+            mark left behind would take it as never committed."""
             placed, keep = item
-            await (clear(placed) if keep else delete(placed))
+            for _attempt in range(CAS_ATTEMPTS_MAX):
+                try:
+                    await (clear(placed) if keep else delete(placed))
+                    return
+                except (RecordConflict, RecordUnknown):
+                    current = await self.ns.client.get_record(fs_api.path_key(placed.path))
+                    if current is None:
+                        return
+                    entry = decode_entry(current.value)
+                    if entry.marker != placed.entry.marker:
+                        return  # cleaned by another attempt, or written by someone else
+                    placed = Placed(placed.path, current.version, entry)
+            raise MoveRefused(503, "contention", f"{placed.path}: {CAS_ATTEMPTS_MAX} writers won")
 
         # Incoming copies stay after a commit (and go after an abort, unless they hold
         # the file they replaced); outgoing originals the other way round.

@@ -86,6 +86,8 @@ CHILD_READS_MAX = 16
 # Scans of one listing (pages of entries, or more when peers' pages end apart), and of
 # one recursive delete (LIST_LIMIT_MAX entries each).
 LIST_PAGES_MAX = 8
+# Reads of one path whose record names a rename cleaned up meanwhile.
+GONE_READS_MAX = 3
 # Records a listing looks at under a subdirectory that has no record of its own.
 IMPLIED_CHECK_RECORDS = 64
 DELETE_PAGES_MAX = 100
@@ -155,10 +157,22 @@ class Namespace:
         """The file or directory at ``path`` (one record read)."""
         if path == ROOT:
             return _Found(Stat(ROOT, "directory", 0, 0, 0))
-        record = await self.client.get_record(fs_api.path_key(path))
+        key = fs_api.path_key(path)
+        record = await self.client.get_record(key)
+        for _read in range(GONE_READS_MAX):
+            if record is None:
+                return _Found(None)
+            renames = self.renames.cache()
+            if not await renames.gone(decode_head(record.value[:STAT_BYTES]).marker):
+                break
+            # Its rename was cleaned up since the read: the record as it is now.
+            again = await self.client.get_record(key)
+            if again is not None and record.version == again.version:
+                break  # a mark left by a rename that is gone: as if never committed
+            record = again
         if record is None:
             return _Found(None)
-        entry = await self.renames.cache().shown(decode_entry(record.value))
+        entry = await renames.shown(decode_entry(record.value))
         if entry is None:
             return _Found(None, hidden=record)
         stat = Stat(path, entry.type, entry.size, entry.mtime_ms, record.version, _checksum(entry))
@@ -230,6 +244,14 @@ class Namespace:
                 name = record.key[len(prefix) :]
                 head = decode_head(record.head)
                 child = f"{base}/{fs_api.name_of_key(name)}"
+                if await renames.gone(head.marker):
+                    # Its rename was cleaned up since the scan: read it as it is now.
+                    seen = await self.find(child)
+                    if seen.stat is not None:
+                        found[name] = seen.stat
+                    else:
+                        hidden.add(name)
+                    continue
                 if not await renames.visible(head.marker):
                     if not head.has_previous:
                         hidden.add(name)
@@ -569,6 +591,7 @@ class Namespace:
                 and done is not None
                 and not done.deleted
                 and done.op in (op, step_op(op, "settled", fs_api.path_key(target)))
+                and decode_entry(done.value).type == "file"
             ):
                 return _stat_of(target, done)  # a retry of a rename that went through
             if found.record is None or found.entry is None:  # a directory, or nothing
@@ -618,4 +641,6 @@ def _checksum(entry: Entry) -> str:
 async def _shows(renames: StateCache, head: Head) -> bool:
     """Whether readers see an entry (itself, or the one it replaces) in the record whose
     first bytes are ``head``."""
-    return head.has_previous or await renames.visible(head.marker)
+    if head.has_previous or await renames.gone(head.marker):
+        return True  # the one it replaces, or one read again would show (taken as there)
+    return await renames.visible(head.marker)

@@ -282,6 +282,45 @@ async def test_a_rename_whose_target_is_written_before_its_commit_is_refused_and
         assert record is not None and decode_entry(record.value).marker is None
 
 
+async def test_a_reader_racing_the_clean_up_still_finds_the_file(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a reader reads the target's record while it still holds a committed
+    rename's mark, then the rename's clean-up (mark cleared, intent dropped) runs before
+    the reader looks the intent up. Must hold: the reader finds the file (it reads the
+    record again), not nothing."""
+    root = f"/tests/fmv-{rng.randrange(10**12)}"
+    source, target = f"{root}/a.tmp", f"{root}/a"
+    op = secrets.token_hex(12)
+    async with (
+        Client(ring.ring, ring.secret) as client,
+        FsClient(ring.cluster.addresses[3], ring.secret) as fs,
+    ):
+        await fs.write(source, b"renamed")
+        namespace = Namespace(CutClient(client, 4, "before"), _wall_ms)  # type: ignore[arg-type]
+        with pytest.raises(_Cut):  # committed, not cleaned up
+            await namespace.rename(source, target, overwrite=False, op=op)
+        finished: list[bool] = []
+
+        class Racing:
+            """The reader's ring client: the rename finishes (its retry) just before
+            the reader's first lookup of the intent."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(client, name)
+
+            async def get_record(self, key: str, **options: Any) -> Any:
+                if key == intent_key(op) and not finished:
+                    finished.append(True)
+                    await _rename(fs, source, target, op)
+                return await client.get_record(key, **options)
+
+        reader = Namespace(Racing(), _wall_ms)  # type: ignore[arg-type]
+        stat = await reader.stat(target)
+        assert (stat.type, stat.size) == ("file", len(b"renamed"))
+        assert finished == [True]
+
+
 async def test_a_rename_onto_a_directory_or_without_overwrite_writes_nothing(
     ring: LocalCluster, rng: random.Random
 ) -> None:

@@ -78,9 +78,10 @@ async def test_a_directory_tree_moves_whole_and_reads_back_from_every_peer(
 ) -> None:
     """Breaks: a tree of nested directories, small files and a file of chunks renamed.
     Must hold: every file is at the destination with its bytes, read from every peer;
-    nothing is left at the source; a second rename of the gone source is 404; a rename
-    onto an existing directory is refused (409 exists), and with overwrite it replaces
-    an empty one."""
+    nothing is left at the source; a retry of the rename (its op) after it went through
+    answers with the directory's stat; a second rename of the gone source is 404; a
+    rename onto an existing directory is refused (409 exists), and with overwrite it
+    replaces an empty one."""
     root = f"/tests/mv-{rng.randrange(10**12)}"
     files = _tree(rng)
     async with FsClient(ring.cluster.addresses[0], ring.secret) as fs:
@@ -89,8 +90,12 @@ async def test_a_directory_tree_moves_whole_and_reads_back_from_every_peer(
         with pytest.raises(FsRefused) as refused:
             await fs.rename(f"{root}/_temporary/attempt_1", f"{root}/out")
         assert refused.value.code == "exists"
-        stat = await fs.rename(f"{root}/_temporary/attempt_1", f"{root}/out", overwrite=True)
+        op = secrets.token_hex(12)
+        stat = await _rename(fs, f"{root}/_temporary/attempt_1", f"{root}/out", op, overwrite=True)
         assert stat.type == "directory"
+        # The client's retry of it, after it went through, answers as it did.
+        again = await _rename(fs, f"{root}/_temporary/attempt_1", f"{root}/out", op, overwrite=True)
+        assert (again.type, again.path) == ("directory", f"{root}/out")
         with pytest.raises(NotFound):
             await fs.rename(f"{root}/_temporary/attempt_1", f"{root}/again")
         assert await _walk(fs, f"{root}/_temporary") == {}
