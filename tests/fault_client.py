@@ -61,6 +61,9 @@ PROBE_INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 1.0
 STOP_POLL_S = 0.05
 FINAL_RETRY_S = 0.25
+# Rounds of final reads of the namespace, and the pause between two.
+FINAL_ROUNDS_MAX = 4
+FINAL_SETTLE_S = 2.0
 FINAL_READ_S = 5.0
 CALLS_MAX = 100_000
 HEALTH_TIMEOUT_S = 1.0
@@ -221,24 +224,36 @@ async def fs_final(
     fs: FsClient, calls: list[dict[str, Any]], wait_s: float
 ) -> list[dict[str, Any]]:
     """Read back every path ``calls`` touched (a rename's both ends), each retried until
-    it answers (its bytes, or absent) or ``wait_s`` has passed."""
+    it answers (its bytes, or absent) or ``wait_s`` has passed; round after round (at
+    most ``FINAL_ROUNDS_MAX``, ``FINAL_SETTLE_S`` apart) until two agree: a call cut at
+    the client may still be running on its coordinator, and a rename that commits
+    between the reads of its two ends would read absent at both."""
     paths = sorted({c["path"] for c in calls} | {c["target"] for c in calls if c["target"]})
     deadline = time.monotonic() + wait_s
-    found = []
-    for path in paths:
-        data: str | None = None
-        read = False
-        while not read and time.monotonic() < deadline:
-            try:
-                async with asyncio.timeout(FINAL_READ_S):
-                    data = (await fs.read(path)).decode()
-                read = True
-            except NotFound:
-                data, read = None, True
-            except (SR3Error, TimeoutError):
-                await asyncio.sleep(FINAL_RETRY_S)
-        found.append({"type": "fs-final", "path": path, "data": data, "read": read})
+    previous: list[dict[str, Any]] | None = None
+    found: list[dict[str, Any]] = []
+    for _round in range(FINAL_ROUNDS_MAX):
+        found = [await _read_back(fs, path, deadline) for path in paths]
+        if found == previous or time.monotonic() >= deadline:
+            break
+        previous = found
+        await asyncio.sleep(FINAL_SETTLE_S)
     return found
+
+
+async def _read_back(fs: FsClient, path: str, deadline: float) -> dict[str, Any]:
+    data: str | None = None
+    read = False
+    while not read and time.monotonic() < deadline:
+        try:
+            async with asyncio.timeout(FINAL_READ_S):
+                data = (await fs.read(path)).decode()
+            read = True
+        except NotFound:
+            data, read = None, True
+        except (SR3Error, TimeoutError):
+            await asyncio.sleep(FINAL_RETRY_S)
+    return {"type": "fs-final", "path": path, "data": data, "read": read}
 
 
 def lines(side: str, phase: str, calls: list[Call]) -> list[dict[str, Any]]:
