@@ -43,37 +43,51 @@ class _Cut(Exception):
     """The coordinator stopped here."""
 
 
-class CutClient:
-    """A ring client that stops at its ``cut_at``-th write (counting from 0): before
-    sending it, or ("after") once it landed, as a coordinator that dies before or
-    after a write reaches the ring."""
+class _WritesClient:
+    """A ring client whose writes (``put_record``, ``delete_record``) go through
+    ``_write``, numbered from 0; everything else goes straight to ``client``."""
 
-    def __init__(self, client: Client, cut_at: int, when: Literal["before", "after"]) -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
-        self._cut_at = cut_at
-        self._when = when
         self.writes = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
-    async def _write(self, name: str, *args: Any, **kwargs: Any) -> int:
+    async def _write(self, index: int, send: Callable[[], Awaitable[int]]) -> int:
+        return await send()
+
+    async def _numbered(self, name: str, *args: Any, **kwargs: Any) -> int:
         index = self.writes
         self.writes += 1
+        return await self._write(index, lambda: getattr(self._client, name)(*args, **kwargs))
+
+    async def put_record(self, *args: Any, **kwargs: Any) -> int:
+        return await self._numbered("put_record", *args, **kwargs)
+
+    async def delete_record(self, *args: Any, **kwargs: Any) -> int:
+        return await self._numbered("delete_record", *args, **kwargs)
+
+
+class CutClient(_WritesClient):
+    """A ring client that stops at its ``cut_at``-th write (counting from 0): before
+    sending it, or ("after") once it landed, as a coordinator that dies before or
+    after a write reaches the ring."""
+
+    def __init__(self, client: Client, cut_at: int, when: Literal["before", "after"]) -> None:
+        super().__init__(client)
+        self._cut_at = cut_at
+        self._when = when
+
+    async def _write(self, index: int, send: Callable[[], Awaitable[int]]) -> int:
         if index == self._cut_at and self._when == "before":
             raise _Cut(f"cut before write {index}")
         if index > self._cut_at:
             raise _Cut(f"write {index} after the cut")
-        result: int = await getattr(self._client, name)(*args, **kwargs)
+        result = await send()
         if index == self._cut_at:
             raise _Cut(f"cut after write {index}")
         return result
-
-    async def put_record(self, *args: Any, **kwargs: Any) -> int:
-        return await self._write("put_record", *args, **kwargs)
-
-    async def delete_record(self, *args: Any, **kwargs: Any) -> int:
-        return await self._write("delete_record", *args, **kwargs)
 
 
 def _wall_ms() -> int:
@@ -225,31 +239,19 @@ async def test_a_write_of_either_end_stops_a_rename_left_half_way(
                 assert await fs.read(path) == data
 
 
-class InterposedClient:
+class InterposedClient(_WritesClient):
     """A ring client that runs ``step`` just before its ``at``-th write (from 0): another
     writer acting between two writes of a rename."""
 
     def __init__(self, client: Client, at: int, step: Callable[[], Awaitable[None]]) -> None:
-        self._client = client
+        super().__init__(client)
         self._at = at
         self._step = step
-        self.writes = 0
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    async def _write(self, name: str, *args: Any, **kwargs: Any) -> int:
-        if self.writes == self._at:
+    async def _write(self, index: int, send: Callable[[], Awaitable[int]]) -> int:
+        if index == self._at:
             await self._step()
-        self.writes += 1
-        result: int = await getattr(self._client, name)(*args, **kwargs)
-        return result
-
-    async def put_record(self, *args: Any, **kwargs: Any) -> int:
-        return await self._write("put_record", *args, **kwargs)
-
-    async def delete_record(self, *args: Any, **kwargs: Any) -> int:
-        return await self._write("delete_record", *args, **kwargs)
+        return await send()
 
 
 async def test_a_rename_whose_target_is_written_before_its_commit_is_refused_and_undone(
