@@ -122,15 +122,10 @@ async def _mark_source(ns: Namespace, move: Move, known: RecordValue | None) -> 
             raise MoveRefused(409, "changed", f"{move.intent.source} became a directory")
         if not await ns.give_way(record):
             continue  # the rename that marked it committed meanwhile: read it again
-        marked = replace(shown.settled(), marker=mark)
-        try:
-            version = await ns.client.put_record(
-                key, encode_entry(marked), expected_version=record.version,
-                refs=marked.refs, op=step_op(move.op, "outgoing", key),
-            )  # fmt: skip
-        except (RecordConflict, RecordUnknown):
-            continue
-        return Placed(move.intent.source, version, marked)
+        placed = await _place(ns, move, move.intent.source, replace(shown.settled(), marker=mark),
+                              expected_version=record.version)  # fmt: skip
+        if placed is not None:
+            return placed
     raise MoveRefused(503, "contention", f"{move.intent.source}: {MARK_ATTEMPTS_MAX} writers won")
 
 
@@ -169,16 +164,28 @@ async def _copy_to_target(
             if not await ns.give_way(current):
                 continue
         copied = replace(copying, marker=mark, previous=previous)
-        try:
-            version = await ns.client.put_record(
-                key, encode_entry(copied), refs=copied.refs,
-                expected_version=0 if current is None else current.version,
-                op=step_op(move.op, "incoming", key),
-            )  # fmt: skip
-        except (RecordConflict, RecordUnknown):
-            continue
-        return Placed(move.intent.target, version, copied)
+        expected = 0 if current is None else current.version
+        placed = await _place(ns, move, move.intent.target, copied, expected_version=expected)
+        if placed is not None:
+            return placed
     raise MoveRefused(503, "contention", f"{move.intent.target}: {MARK_ATTEMPTS_MAX} writers won")
+
+
+async def _place(
+    ns: Namespace, move: Move, path: str, entry: Entry, *, expected_version: int
+) -> Placed | None:
+    """Write the marked ``entry`` at ``path`` (its mark names the step); None when a
+    concurrent writer won the version (the caller reads it again)."""
+    key = fs_api.path_key(path)
+    assert entry.marker is not None
+    try:
+        version = await ns.client.put_record(
+            key, encode_entry(entry), expected_version=expected_version, refs=entry.refs,
+            op=step_op(move.op, entry.marker.kind, key),
+        )  # fmt: skip
+    except (RecordConflict, RecordUnknown):
+        return None
+    return Placed(path, version, entry)
 
 
 async def _refuse_target(
