@@ -30,15 +30,17 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
 from yarl import URL
 
-from ring import api, paxos
+from ring import api, fs_api, paxos
 from ring.auth import Signer
 from ring.errors import SR3Error
 from ring.placement import Member, Ring
+from spark_connector.fs_client import FsClient
 from sr3.local import LocalCluster
 
 __all__ = [
@@ -381,3 +383,13 @@ def stop_processes(processes: list[subprocess.Popen[bytes]], wait_s: float = 15.
             send(process, signal.SIGKILL)
             codes.append(process.wait(timeout=5))
     return codes
+
+
+async def fs_rename(
+    fs: FsClient, source: str, target: str, op: str, *, overwrite: bool = False
+) -> fs_api.Stat:
+    """A rename with a given operation id (every retry of it carries the same)."""
+    query = f"?from={quote(source, safe='')}&to={quote(target, safe='')}&op={op}"
+    query += "&overwrite=1" if overwrite else ""
+    answer = await fs._request("POST", fs_api.FS_RENAME.pattern + query)
+    return fs_api.parse_stat(answer.json())

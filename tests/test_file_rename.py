@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import pytest
-from test_fs_rename import _rename
+from support import fs_rename
 
 from filesystem.entries import decode_entry
 from filesystem.moves import intent_key
@@ -151,7 +151,7 @@ async def test_a_rename_cut_after_any_write_leaves_the_file_at_one_end(
             at_source, at_target = await _where(fs, source, target, data, before)
             assert at_source != at_target, (cut_at, when, at_source, at_target)
             if cut_at % 2 == 0:
-                await _rename(fs, source, target, op, overwrite=overwrite)
+                await fs_rename(fs, source, target, op, overwrite=overwrite)
                 assert await _where(fs, source, target, data) == (False, True)
             elif at_source:
                 await fs.rename(source, f"{source}.again")
@@ -225,7 +225,7 @@ async def test_a_write_of_either_end_stops_a_rename_left_half_way(
             assert await fs.delete(source)
         assert await Namespace(client, _wall_ms).renames.state(op) == "aborted"
         with pytest.raises(FsRefused) as refused:
-            await _rename(fs, source, target, op)
+            await fs_rename(fs, source, target, op)
         assert refused.value.code == "changed"
         expected = {
             "create-target": (b"renamed", b"created"),
@@ -314,7 +314,7 @@ async def test_a_reader_racing_the_clean_up_still_finds_the_file(
             async def get_record(self, key: str, **options: Any) -> Any:
                 if key == intent_key(op) and not finished:
                     finished.append(True)
-                    await _rename(fs, source, target, op)
+                    await fs_rename(fs, source, target, op)
                 return await client.get_record(key, **options)
 
         reader = Namespace(Racing(), _wall_ms)  # type: ignore[arg-type]

@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
-from urllib.parse import quote
 
 import pytest
+from support import fs_rename
 
 from filesystem.entries import INLINE_BYTES_MAX
-from ring import fs_api
 from ring.errors import NotFound, PeerUnavailable
 from spark_connector.fs_client import FsClient, FsRefused
 from sr3.local import LocalCluster
@@ -63,16 +62,6 @@ async def _walk(fs: FsClient, root: str) -> dict[str, int]:
     return found
 
 
-async def _rename(
-    fs: FsClient, source: str, target: str, op: str, *, overwrite: bool = False
-) -> fs_api.Stat:
-    """A rename with a given operation id (every retry of it carries the same)."""
-    query = f"?from={quote(source, safe='')}&to={quote(target, safe='')}&op={op}"
-    query += "&overwrite=1" if overwrite else ""
-    answer = await fs._request("POST", fs_api.FS_RENAME.pattern + query)
-    return fs_api.parse_stat(answer.json())
-
-
 async def test_a_directory_tree_moves_whole_and_reads_back_from_every_peer(
     ring: LocalCluster, rng: random.Random
 ) -> None:
@@ -91,10 +80,14 @@ async def test_a_directory_tree_moves_whole_and_reads_back_from_every_peer(
             await fs.rename(f"{root}/_temporary/attempt_1", f"{root}/out")
         assert refused.value.code == "exists"
         op = secrets.token_hex(12)
-        stat = await _rename(fs, f"{root}/_temporary/attempt_1", f"{root}/out", op, overwrite=True)
+        stat = await fs_rename(
+            fs, f"{root}/_temporary/attempt_1", f"{root}/out", op, overwrite=True
+        )
         assert stat.type == "directory"
         # The client's retry of it, after it went through, answers as it did.
-        again = await _rename(fs, f"{root}/_temporary/attempt_1", f"{root}/out", op, overwrite=True)
+        again = await fs_rename(
+            fs, f"{root}/_temporary/attempt_1", f"{root}/out", op, overwrite=True
+        )
         assert (again.type, again.path) == ("directory", f"{root}/out")
         with pytest.raises(NotFound):
             await fs.rename(f"{root}/_temporary/attempt_1", f"{root}/again")
@@ -168,7 +161,7 @@ async def test_a_rename_whose_coordinator_dies_is_finished_by_the_retry(
     first, second = ring.cluster.addresses[:2]
     async with FsClient([first, second], ring.secret) as fs:
         await _write_tree(fs, f"{root}/a", files)
-        task = asyncio.ensure_future(_rename(fs, f"{root}/a", f"{root}/b", secrets.token_hex(12)))
+        task = asyncio.ensure_future(fs_rename(fs, f"{root}/a", f"{root}/b", secrets.token_hex(12)))
         await asyncio.sleep(rng.uniform(0, 0.4))
         await asyncio.to_thread(ring.kill, ring.cluster.peers[0].peer_id)
         await task
@@ -194,7 +187,7 @@ async def test_an_abandoned_rename_stays_invisible_and_a_new_one_wins(
         await _write_tree(fs, f"{root}/a", files)
         async with FsClient(victim.address, ring.secret, rounds=1) as doomed:
             task = asyncio.ensure_future(
-                _rename(doomed, f"{root}/a", f"{root}/b", secrets.token_hex(12))
+                fs_rename(doomed, f"{root}/a", f"{root}/b", secrets.token_hex(12))
             )
             await asyncio.sleep(rng.uniform(0.02, 0.2))
             await asyncio.to_thread(ring.kill, victim.peer_id)
