@@ -33,6 +33,8 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import xxhash
+
 from ring import api
 from ring.blobs import BlobRef
 from ring.errors import ProtocolError
@@ -112,6 +114,16 @@ class Entry:
     def settled(self) -> Entry:
         """The entry with no marker and no previous one: what a committed rename leaves."""
         return Entry(self.type, self.size, self.mtime_ms, self.inline, self.blob)
+
+    @property
+    def checksum(self) -> str:
+        """A file's content checksum (``fs_api.CHECKSUM_ALGORITHM``): its blob's digest,
+        or that of its inline bytes; empty for a directory."""
+        if self.type != "file":
+            return ""
+        if self.blob is not None:
+            return self.blob.digest
+        return xxhash.xxh3_128(self.inline).hexdigest()
 
 
 def encode_entry(entry: Entry) -> bytes:

@@ -39,10 +39,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-import xxhash
-
 from filesystem.entries import (
-    INLINE_BYTES_MAX,
     STAT_BYTES,
     Entry,
     Head,
@@ -63,8 +60,8 @@ from filesystem.moves import (
     step_op,
 )
 from filesystem.reads import read_entry
+from filesystem.uploads import upload
 from ring import fs_api
-from ring.blobs import BlobRef, Extent
 from ring.client import Client
 from ring.client.chunks import first_error
 from ring.client.options import RecordValue
@@ -175,7 +172,7 @@ class Namespace:
         entry = await renames.shown(decode_entry(record.value))
         if entry is None:
             return _Found(None, hidden=record)
-        stat = Stat(path, entry.type, entry.size, entry.mtime_ms, record.version, _checksum(entry))
+        stat = Stat(path, entry.type, entry.size, entry.mtime_ms, record.version, entry.checksum)
         if entry.type == "directory":
             return _Found(stat)
         return _Found(stat, record, entry)
@@ -432,53 +429,8 @@ class Namespace:
             raise FsError(409, "is_directory", "the root is a directory")
         self._check_not_known_directory(path)
         await self.make_parents(path)
-        entry = await self._upload(body)
+        entry = await upload(self.client, body, self.wall_ms)
         return await self._store(path, entry, overwrite=overwrite, op=op)
-
-    async def _upload(self, body: AsyncIterator[bytes]) -> Entry:
-        """Inline when the body is small, else chunks durable on W replicas each."""
-        chunk_bytes = self.client.options.chunk_bytes
-        try:
-            return await self._cut_and_store(body, chunk_bytes)
-        except BaseExceptionGroup as group_error:
-            raise first_error(group_error) from None
-
-    async def _cut_and_store(self, body: AsyncIterator[bytes], chunk_bytes: int) -> Entry:
-        buffer = bytearray()
-        hasher = xxhash.xxh3_128()
-        size = 0
-        slots = asyncio.Semaphore(self.client.options.transfers_max)
-        ids: dict[int, str] = {}
-
-        async def store(index: int, raw: bytes) -> None:
-            try:
-                ids[index] = await self.client.chunks.store_raw_chunk(raw)
-            finally:
-                slots.release()
-
-        async with asyncio.TaskGroup() as group:
-            pieces: list[int] = []
-
-            async def cut(final: bool) -> None:
-                while len(buffer) >= chunk_bytes or (final and buffer):
-                    raw = bytes(buffer[:chunk_bytes])
-                    del buffer[:chunk_bytes]
-                    await slots.acquire()
-                    pieces.append(len(raw))
-                    group.create_task(store(len(pieces) - 1, raw))
-
-            async for piece in body:
-                size += len(piece)
-                hasher.update(piece)
-                buffer += piece
-                if size > INLINE_BYTES_MAX:
-                    await cut(final=False)
-            if size <= INLINE_BYTES_MAX:
-                return Entry("file", size, self.wall_ms(), bytes(buffer))
-            await cut(final=True)
-        extents = [Extent(ids[i], 0, length) for i, length in enumerate(pieces)]
-        blob = BlobRef(size, hasher.hexdigest(), tuple(extents))
-        return Entry("file", size, self.wall_ms(), b"", blob)
 
     async def delete(self, path: str, *, recursive: bool) -> int:
         """Remove the file or directory at ``path``; how many entries went."""
@@ -626,16 +578,6 @@ class Namespace:
 def _stat_of(path: str, record: RecordValue) -> Stat:
     entry = decode_entry(record.value)
     return Stat(path, "file", entry.size, entry.mtime_ms, record.version)
-
-
-def _checksum(entry: Entry) -> str:
-    """A file's content checksum (``fs_api.CHECKSUM_ALGORITHM``): its blob's digest, or
-    that of its inline bytes."""
-    if entry.type != "file":
-        return ""
-    if entry.blob is not None:
-        return entry.blob.digest
-    return xxhash.xxh3_128(entry.inline).hexdigest()
 
 
 async def _shows(renames: StateCache, head: Head) -> bool:
