@@ -20,7 +20,8 @@ Six rounds where writing the target and deleting the source took three; what the
 request cut at any point (its coordinator dead, its client gone) leaves the file at one
 end. A retry with the same op goes on from where the first attempt stopped; a rename
 never retried stays at its source (its hidden copy is replaced by the next write of the
-target, which aborts it first: ``Namespace._give_way``).
+target, which aborts it first: ``Namespace.give_way``), until the peers' sweep
+(``filesystem.sweep``) aborts it and cleans up.
 
 Writers that meet a mark give way the same way: a create, overwrite, delete or rename of
 a marked record aborts its rename first if it is still copying, so a rename never

@@ -13,13 +13,18 @@ with that fence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import logging
+import random
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from filesystem.moves import MoveRefused
 from filesystem.namespace import BODY_PIECE_BYTES, FsError, Namespace
+from filesystem.sweep import sweep_renames
 from ring import api, fs_api, lease
 from ring.api import Route
 from ring.auth import AuthFailure, BodyDigest
@@ -31,11 +36,18 @@ from ring.errors import (
     ProtocolError,
     QuorumError,
     RecordContention,
+    SR3Error,
 )
 from ring.node import Node
 from ring.peer import SIGNED_BODY_DIGEST
 
 __all__ = ["FileService", "install"]
+
+log = logging.getLogger(__name__)
+
+# The sweep's pauses are the interval times a factor drawn in this range, so that peers
+# started together do not sweep together.
+SWEEP_JITTER = (0.8, 1.2)
 
 
 def _path(request: web.Request) -> str:
@@ -121,6 +133,7 @@ class FileService:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.namespace: Namespace | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self, _app: web.Application) -> None:
         config = self.node.config
@@ -130,10 +143,41 @@ class FileService:
         options = ClientOptions(tls=None if tls is None else tls.as_client)
         client = Client(config.address, config.secret, options=options)
         self.namespace = Namespace(client, lambda: int(self.node.clocks.wall() * 1000))
+        if config.rename_sweep_interval_s > 0:
+            self._sweeper = asyncio.create_task(self._sweep_renames())
 
     async def stop(self, _app: web.Application) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         if self.namespace is not None:
             await self.namespace.client.close()
+
+    async def _sweep_renames(self) -> None:
+        """Finish renames nobody finishes (``filesystem.sweep``), one pass per interval,
+        until the peer stops. A pass that fails (the ring unavailable, a record
+        contended) is logged and the next one tries again."""
+        config = self.node.config
+        rng = random.Random(config.rng_seed)
+        while True:
+            await asyncio.sleep(config.rename_sweep_interval_s * rng.uniform(*SWEEP_JITTER))
+            try:
+                finished = await sweep_renames(
+                    self.ns, abandoned_after_ms=int(config.rename_abandoned_s * 1000),
+                    owns=self._owns,
+                )  # fmt: skip
+            except (SR3Error, MoveRefused) as exc:
+                log.warning("rename sweep stopped short: %s", exc)
+                continue
+            if finished:
+                log.info("rename sweep: %d abandoned rename(s) finished", finished)
+
+    async def _owns(self, key: str) -> bool:
+        """Whether this peer is first in ``key``'s placement (the one that sweeps it)."""
+        view = await self.ns.client.ring()
+        first = view.ring.preference_list(key, 1)
+        return bool(first) and first[0].peer_id == self.node.config.peer_id
 
     @property
     def ns(self) -> Namespace:

@@ -12,7 +12,12 @@ from ring.records import TOMBSTONE_TTL_S_DEFAULT
 from ring.scrubber import INTERVAL_S_DEFAULT as SCRUB_INTERVAL_S_DEFAULT
 from ring.tls import ServerTls
 
-__all__ = ["PeerConfig"]
+__all__ = ["RENAME_ABANDONED_S_DEFAULT", "RENAME_SWEEP_INTERVAL_S_DEFAULT", "PeerConfig"]
+
+# A pass every few minutes; a rename copying for half an hour is taken as abandoned (a
+# directory rename of the most entries one may move takes minutes on a busy ring).
+RENAME_SWEEP_INTERVAL_S_DEFAULT = 300.0
+RENAME_ABANDONED_S_DEFAULT = 1800.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,11 @@ class PeerConfig:
     gc_interval_s: float = GC_INTERVAL_S_DEFAULT
     gc_grace_s: float = GC_GRACE_S_DEFAULT
     tombstone_ttl_s: float = TOMBSTONE_TTL_S_DEFAULT
+    # The sweep of renames nobody finishes (``filesystem.sweep``): a pass every
+    # rename_sweep_interval_s (0: never); a rename copying for rename_abandoned_s is
+    # aborted, and one that ended is cleaned up.
+    rename_sweep_interval_s: float = RENAME_SWEEP_INTERVAL_S_DEFAULT
+    rename_abandoned_s: float = RENAME_ABANDONED_S_DEFAULT
     overlay: bool = True
     # Seeds the generator that picks gossip partners, so a scenario replays.
     rng_seed: int | None = None

@@ -26,10 +26,10 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
@@ -38,7 +38,8 @@ from yarl import URL
 
 from ring import api, fs_api, paxos
 from ring.auth import Signer
-from ring.errors import SR3Error
+from ring.client import Client
+from ring.errors import NotFound, SR3Error
 from ring.placement import Member, Ring
 from spark_connector.fs_client import FsClient
 from sr3.local import LocalCluster
@@ -48,11 +49,14 @@ __all__ = [
     "SEED",
     "SEED_ENV",
     "Answer",
+    "Cut",
+    "CutClient",
     "HttpProbe",
     "MakeCluster",
     "chunk_file",
     "chunk_holders",
     "commit_next_batch",
+    "fs_rename",
     "materialize",
     "metric_value",
     "missing_spark_requirements",
@@ -61,6 +65,8 @@ __all__ = [
     "require_spark",
     "spark_required",
     "start_cluster",
+    "where_renamed",
+    "WritesClient",
 ]
 
 SEED_ENV = "SR3_TEST_SEED"
@@ -393,3 +399,76 @@ async def fs_rename(
     query += "&overwrite=1" if overwrite else ""
     answer = await fs._request("POST", fs_api.FS_RENAME.pattern + query)
     return fs_api.parse_stat(answer.json())
+
+
+class Cut(Exception):
+    """The coordinator stopped here."""
+
+
+class WritesClient:
+    """A ring client whose writes (``put_record``, ``delete_record``) go through
+    ``_write``, numbered from 0; everything else goes straight to ``client``."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def _write(self, index: int, send: Callable[[], Awaitable[int]]) -> int:
+        return await send()
+
+    async def _numbered(self, name: str, *args: Any, **kwargs: Any) -> int:
+        index = self.writes
+        self.writes += 1
+        return await self._write(index, lambda: getattr(self._client, name)(*args, **kwargs))
+
+    async def put_record(self, *args: Any, **kwargs: Any) -> int:
+        return await self._numbered("put_record", *args, **kwargs)
+
+    async def delete_record(self, *args: Any, **kwargs: Any) -> int:
+        return await self._numbered("delete_record", *args, **kwargs)
+
+
+class CutClient(WritesClient):
+    """A ring client that stops at its ``cut_at``-th write (counting from 0): before
+    sending it, or ("after") once it landed, as a coordinator that dies before or
+    after a write reaches the ring."""
+
+    def __init__(self, client: Client, cut_at: int, when: Literal["before", "after"]) -> None:
+        super().__init__(client)
+        self._cut_at = cut_at
+        self._when = when
+
+    async def _write(self, index: int, send: Callable[[], Awaitable[int]]) -> int:
+        if index == self._cut_at and self._when == "before":
+            raise Cut(f"cut before write {index}")
+        if index > self._cut_at:
+            raise Cut(f"write {index} after the cut")
+        result = await send()
+        if index == self._cut_at:
+            raise Cut(f"cut after write {index}")
+        return result
+
+
+async def where_renamed(
+    fs: FsClient, source: str, target: str, data: bytes, old: bytes | None = None
+) -> tuple[bool, bool]:
+    """Whether ``data`` is at the source and at the target, by reads and by listings
+    (which must agree); the target holds ``old`` when it does not."""
+    at: list[bool] = []
+    for path, other in ((source, None), (target, old)):
+        try:
+            read = await fs.read(path)
+        except NotFound:
+            read = None
+        assert read in (data, other), (path, read)
+        parent = path.rsplit("/", 1)[0]
+        try:
+            listed = path in {entry.path for entry in await fs.list(parent)}
+        except NotFound:
+            listed = False
+        assert (read is not None) == listed, (path, read, listed)
+        at.append(read == data)
+    return at[0], at[1]

@@ -23,14 +23,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import pytest
-from support import fs_rename
+from support import Cut, CutClient, WritesClient, fs_rename, where_renamed
 
 from filesystem.entries import decode_entry
 from filesystem.moves import intent_key
 from filesystem.namespace import FsError, Namespace
 from ring import fs_api
 from ring.client import Client
-from ring.errors import NotFound
 from spark_connector.fs_client import FsClient, FsRefused
 from sr3.local import LocalCluster
 
@@ -39,81 +38,8 @@ RENAME_WRITES = 7
 READS_WHILE_REPLACED_MIN = 10
 
 
-class _Cut(Exception):
-    """The coordinator stopped here."""
-
-
-class _WritesClient:
-    """A ring client whose writes (``put_record``, ``delete_record``) go through
-    ``_write``, numbered from 0; everything else goes straight to ``client``."""
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
-        self.writes = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    async def _write(self, index: int, send: Callable[[], Awaitable[int]]) -> int:
-        return await send()
-
-    async def _numbered(self, name: str, *args: Any, **kwargs: Any) -> int:
-        index = self.writes
-        self.writes += 1
-        return await self._write(index, lambda: getattr(self._client, name)(*args, **kwargs))
-
-    async def put_record(self, *args: Any, **kwargs: Any) -> int:
-        return await self._numbered("put_record", *args, **kwargs)
-
-    async def delete_record(self, *args: Any, **kwargs: Any) -> int:
-        return await self._numbered("delete_record", *args, **kwargs)
-
-
-class CutClient(_WritesClient):
-    """A ring client that stops at its ``cut_at``-th write (counting from 0): before
-    sending it, or ("after") once it landed, as a coordinator that dies before or
-    after a write reaches the ring."""
-
-    def __init__(self, client: Client, cut_at: int, when: Literal["before", "after"]) -> None:
-        super().__init__(client)
-        self._cut_at = cut_at
-        self._when = when
-
-    async def _write(self, index: int, send: Callable[[], Awaitable[int]]) -> int:
-        if index == self._cut_at and self._when == "before":
-            raise _Cut(f"cut before write {index}")
-        if index > self._cut_at:
-            raise _Cut(f"write {index} after the cut")
-        result = await send()
-        if index == self._cut_at:
-            raise _Cut(f"cut after write {index}")
-        return result
-
-
 def _wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-async def _where(
-    fs: FsClient, source: str, target: str, data: bytes, old: bytes | None = None
-) -> tuple[bool, bool]:
-    """Whether ``data`` is at the source and at the target, by reads and by listings
-    (which must agree); the target holds ``old`` when it does not."""
-    at: list[bool] = []
-    for path, other in ((source, None), (target, old)):
-        try:
-            read = await fs.read(path)
-        except NotFound:
-            read = None
-        assert read in (data, other), (path, read)
-        parent = path.rsplit("/", 1)[0]
-        try:
-            listed = path in {entry.path for entry in await fs.list(parent)}
-        except NotFound:
-            listed = False
-        assert (read is not None) == listed, (path, read, listed)
-        at.append(read == data)
-    return at[0], at[1]
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
@@ -144,15 +70,15 @@ async def test_a_rename_cut_after_any_write_leaves_the_file_at_one_end(
             try:
                 await namespace.rename(source, target, overwrite=overwrite, op=op)
                 finished = True
-            except _Cut:
+            except Cut:
                 finished = False
             assert finished == (cut_at >= RENAME_WRITES), (cut_at, cut.writes)
             before = old if overwrite else None
-            at_source, at_target = await _where(fs, source, target, data, before)
+            at_source, at_target = await where_renamed(fs, source, target, data, before)
             assert at_source != at_target, (cut_at, when, at_source, at_target)
             if cut_at % 2 == 0:
                 await fs_rename(fs, source, target, op, overwrite=overwrite)
-                assert await _where(fs, source, target, data) == (False, True)
+                assert await where_renamed(fs, source, target, data) == (False, True)
             elif at_source:
                 await fs.rename(source, f"{source}.again")
                 assert await fs.read(f"{source}.again") == data
@@ -214,9 +140,9 @@ async def test_a_write_of_either_end_stops_a_rename_left_half_way(
     ):
         await fs.write(source, b"renamed")
         namespace = Namespace(CutClient(client, 3, "before"), _wall_ms)  # type: ignore[arg-type]
-        with pytest.raises(_Cut):
+        with pytest.raises(Cut):
             await namespace.rename(source, target, overwrite=False, op=op)
-        assert await _where(fs, source, target, b"renamed") == (True, False)
+        assert await where_renamed(fs, source, target, b"renamed") == (True, False)
         if writer == "create-target":
             await fs.write(target, b"created")
         elif writer == "overwrite-source":
@@ -239,7 +165,7 @@ async def test_a_write_of_either_end_stops_a_rename_left_half_way(
                 assert await fs.read(path) == data
 
 
-class InterposedClient(_WritesClient):
+class InterposedClient(WritesClient):
     """A ring client that runs ``step`` just before its ``at``-th write (from 0): another
     writer acting between two writes of a rename."""
 
@@ -300,7 +226,7 @@ async def test_a_reader_racing_the_clean_up_still_finds_the_file(
     ):
         await fs.write(source, b"renamed")
         namespace = Namespace(CutClient(client, 4, "before"), _wall_ms)  # type: ignore[arg-type]
-        with pytest.raises(_Cut):  # committed, not cleaned up
+        with pytest.raises(Cut):  # committed, not cleaned up
             await namespace.rename(source, target, overwrite=False, op=op)
         finished: list[bool] = []
 
@@ -362,7 +288,7 @@ def test_cut_client_stops_where_it_is_told() -> None:
         inner = Writes()
         cut = CutClient(inner, 2, when)  # type: ignore[arg-type]
         for value in range(5):
-            with contextlib.suppress(_Cut):
+            with contextlib.suppress(Cut):
                 await cut.put_record(value)
         return inner.done
 

@@ -17,6 +17,7 @@ from ring.auth import SECRET_CHARS_MIN
 from ring.cluster import check_networks
 from ring.config import parse_size
 from ring.errors import ConfigError, ProtocolError
+from ring.peer_config import RENAME_ABANDONED_S_DEFAULT, RENAME_SWEEP_INTERVAL_S_DEFAULT
 from ring.placement import VNODES_DEFAULT
 from ring.tls import ServerTls
 from sr3.cli._shared import (
@@ -96,6 +97,17 @@ def _seeds(text: str) -> tuple[str, ...]:
     "--tombstone-ttl", default=7 * 24 * 3600.0, show_default=True, type=click.FloatRange(0),
     help="Seconds a deleted record's tombstone is kept.",
 )  # fmt: skip
+@click.option(
+    "--rename-sweep-interval", default=RENAME_SWEEP_INTERVAL_S_DEFAULT, show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds between sweeps of sr3:// renames nobody finishes (0: never sweep).",
+)  # fmt: skip
+@click.option(
+    "--rename-abandoned-after", default=RENAME_ABANDONED_S_DEFAULT, show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds after which a sweep aborts a rename still copying and cleans up one "
+    "that ended.",
+)  # fmt: skip
 @click.option("--overlay/--no-overlay", default=True, help="Run the Kademlia discovery overlay.")
 @click.option(
     "--direct-io/--no-direct-io", default=True, envvar="SR3_DIRECT_IO", show_default=True,
@@ -163,7 +175,8 @@ def peer(
     write_quorum: int, vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
     removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
     scrub_rate: str, scrub_interval: float, gc_interval: float, gc_grace: float,
-    tombstone_ttl: float, overlay: bool, direct_io: bool, rng_seed: int | None, egress_rate: str,
+    tombstone_ttl: float, rename_sweep_interval: float, rename_abandoned_after: float,
+    overlay: bool, direct_io: bool, rng_seed: int | None, egress_rate: str,
     added_latency_ms: float, admin_kill: bool, secret_file: Path | None, tls_cert: Path | None,
     tls_key: Path | None, tls_ca: Path | None, tls_client_certs: bool,
     tls_check_interval: float, log_level: str,
@@ -206,7 +219,9 @@ def peer(
         repair_interval_s=repair_interval, repair_rate_bytes_s=parse_rate(repair_rate),
         scrub_rate_bytes_s=parse_rate(scrub_rate), scrub_interval_s=scrub_interval,
         gc_interval_s=gc_interval, gc_grace_s=gc_grace,
-        tombstone_ttl_s=tombstone_ttl, overlay=overlay, direct_io=direct_io, rng_seed=rng_seed,
+        tombstone_ttl_s=tombstone_ttl, rename_sweep_interval_s=rename_sweep_interval,
+        rename_abandoned_s=rename_abandoned_after, overlay=overlay,
+        direct_io=direct_io, rng_seed=rng_seed,
         egress_rate_bytes_s=parse_rate(egress_rate), added_latency_ms=added_latency_ms,
         admin_kill=admin_kill,
         tls=_tls(tls_cert, tls_key, tls_ca, tls_client_certs, tls_check_interval),
