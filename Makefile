@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-containers test-standby lint check bench faults clean jar
+.PHONY: install demo test test-cluster test-containers test-standby lint check bench faults clean jar
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,13 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(PY) -m pytest -q --durations=10 -m "not containers and not standby"
+	$(PY) -m pytest -q --durations=10 -m "not containers and not standby and not cluster"
+
+# Spark applications on local-cluster killed with two peers, or with their executors
+# killed mid-commit (tests/test_spark_cluster.py, tests/test_spark_batch.py): minutes
+# each. CI runs it after `make test`.
+test-cluster: install
+	$(PY) -m pytest -q --durations=5 -m cluster
 
 # The hot standby's drills (tests/test_standby_drill.py, tests/test_standby_partition.py):
 # Spark applications SIGKILLed with peers, or cut off in network namespaces (root). CI runs

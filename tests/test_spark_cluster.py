@@ -31,7 +31,7 @@ from sr3.cluster_app import (
     write_job_inputs,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 # The peers' default failure timeout and removal grace (5 s, 60 s): with records on
 # 2R - 1 acceptors the ring takes every write right after two of five peers die, with no
