@@ -21,7 +21,7 @@ The peers and clients run the ``ring`` and ``sr3`` that Python finds, this check
 unless ``PYTHONPATH`` names another: to test one commit while the tree changes, extract
 it (``git archive``) and run its copy of this script with ``PYTHONPATH`` set to it. The
 report names the commit (``--commit``, else ``git rev-parse``, marked dirty when
-``ring/``, ``recovery/`` or ``sr3/`` have changes).
+``ring/``, ``recovery/``, ``filesystem/`` or ``sr3/`` have changes).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ from netlab import NetLabError, netlab_unavailable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+# The packages the peers and clients run: a report's commit is "+dirty" when they changed.
+CODE_UNDER_TEST = ("ring", "recovery", "filesystem", "sr3")
 SEEDS_DEFAULT = 20
 SCALE_DEFAULT = 2.0
 FIGURE_NAMES = (
@@ -132,7 +134,7 @@ def commit_of(root: Path) -> str:
             capture_output=True, text=True, check=True, timeout=10,
         ).stdout.strip()  # fmt: skip
         changes = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "ring", "recovery", "sr3"],
+            ["git", "-C", str(root), "status", "--porcelain", "--", *CODE_UNDER_TEST],
             capture_output=True, text=True, check=True, timeout=10,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
