@@ -38,6 +38,7 @@ from ring.errors import (
     RecordContention,
     SR3Error,
 )
+from ring.loops import run_periodic
 from ring.node import Node
 from ring.peer import SIGNED_BODY_DIGEST
 
@@ -155,23 +156,26 @@ class FileService:
             await self.namespace.client.close()
 
     async def _sweep_renames(self) -> None:
-        """Finish renames nobody finishes (``filesystem.sweep``), one pass per interval,
-        until the peer stops. A pass that fails (the ring unavailable, a record
-        contended) is logged and the next one tries again."""
+        """Finish renames nobody finishes (``filesystem.sweep``), one pass per interval
+        (jittered), until the peer stops. A pass that fails on the ring (unavailable,
+        contended) is logged and the next one tries again (``ring.loops``)."""
         config = self.node.config
         rng = random.Random(config.rng_seed)
-        while True:
-            await asyncio.sleep(config.rename_sweep_interval_s * rng.uniform(*SWEEP_JITTER))
-            try:
-                finished = await sweep_renames(
-                    self.ns, abandoned_after_ms=int(config.rename_abandoned_s * 1000),
-                    owns=self._owns,
-                )  # fmt: skip
-            except (SR3Error, MoveRefused) as exc:
-                log.warning("rename sweep stopped short: %s", exc)
-                continue
+
+        async def jittered(seconds: float) -> None:
+            await asyncio.sleep(seconds * rng.uniform(*SWEEP_JITTER))
+
+        async def one_pass() -> None:
+            finished = await sweep_renames(
+                self.ns, abandoned_after_ms=int(config.rename_abandoned_s * 1000), owns=self._owns
+            )
             if finished:
                 log.info("rename sweep: %d abandoned rename(s) finished", finished)
+
+        await run_periodic(
+            "rename sweep", one_pass, config.rename_sweep_interval_s, first_at_once=False,
+            tolerated=(SR3Error, MoveRefused), sleep=jittered,
+        )  # fmt: skip
 
     async def _owns(self, key: str) -> bool:
         """Whether this peer is first in ``key``'s placement (the one that sweeps it)."""

@@ -7,7 +7,8 @@ the same on ``file://`` to compare: the batch side of ``sr3://`` (the tests, and
 The rows are deterministic (``BatchJob.rows``, ``seed``): an id, a value, and a partition
 column whose values need escaping in a path (spaces, "/", "=", "%", ":", non-ASCII), so
 ``partitionBy`` makes directory names Spark escapes as ``%XX``. Each table gets a first
-write of other rows, then the final rows with ``mode("overwrite")``, in each of
+write of other rows (unless ``first_write`` is off), then the final rows with
+``mode("overwrite")``, in each of
 ``MODES``: FileOutputCommitter's algorithm 1 or 2, and a static overwrite (none of the
 first write may be left) or a dynamic one (``partitionOverwriteMode=dynamic``: Spark's
 commit protocol moves staged partition directories into place, and the first write's
@@ -55,6 +56,8 @@ class BatchJob:
     seed: int = 0
     value_bytes: int = 16  # a bigger value makes a bigger dataset (benchmarks)
     tasks: int = 4
+    # Write other rows first and overwrite them (False: the final rows only, once).
+    first_write: bool = True
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -179,7 +182,7 @@ def _run_mode(spark: Any, job: BatchJob, mode: str) -> ModeResult:
     result = ModeResult({}, {}, {}, {}, {})
     for scheme, base in (("sr3", job.sr3_path), ("file", job.local_path)):
         path = f"{base}/{mode}"
-        for first in (True, False):
+        for first in (True, False) if job.first_write else (False,):
             writer = _frame(spark, job, first).write.partitionBy("city").mode("overwrite")
             started = time.monotonic()
             writer.options(**options).parquet(path)
