@@ -10,6 +10,7 @@ with a scoped credential, a path outside the prefix is refused (AccessControlExc
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import http.server
@@ -22,13 +23,19 @@ import time
 from pathlib import Path
 
 import pytest
-from support import MakeCluster, require_spark
+from support import HttpProbe, MakeCluster, metric_value, require_spark
 
 from ring.auth import parse_credential, scoped_credential
 from spark_connector.jar import fs_jar, spark_jars_dir
 from sr3.local import LocalCluster
 
 JAVA_TIMEOUT_S = 300
+# ContractCheck's read-after-seek file (ten 4 MiB blocks and 1000 bytes), and what the
+# peers may serve reading it from a seek into its second block to the end: each chunk
+# from there once is 0.9x of the file, two halves of two chunks per block 1.7x; the
+# rest is room for hedged reads.
+SEEK_FILE_BYTES = 10 * 4 * 1024 * 1024 + 1000
+SEEK_READ_SERVED_MAX = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +192,40 @@ def test_a_peer_killed_mid_transfer_is_routed_around(
         out, err = check.communicate(timeout=JAVA_TIMEOUT_S)
     assert check.returncode == 0, out + err[-3000:]
     assert "PASS a " in out and "FAIL" not in out, out
+
+
+def _chunk_bytes_served(cluster: LocalCluster) -> float:
+    """Stored bytes of chunks every peer of ``cluster`` served so far."""
+
+    async def collect() -> float:
+        async with HttpProbe(cluster.secret) as probe:
+            texts = [await probe.metrics(address) for address in cluster.cluster.addresses]
+        return sum(metric_value(text, "sr3_peer_chunk_bytes_read_total") for text in texts)
+
+    return asyncio.run(collect())
+
+
+def test_a_read_after_a_seek_fetches_each_chunk_once(
+    jar: Path, make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Breaks: a JVM seeks into the second block of a file of ten blocks and reads to the
+    end (as parquet reads a column chunk). Must hold: the bytes are the file's, and the
+    peers serve each chunk about once (blocks end on chunk boundaries), not two halves
+    of two chunks per block, which doubled what coordinators fetched and verified."""
+    cluster = make_cluster(3)
+    command = _java(jar, cluster.ring, "fs.sr3.secret", cluster.secret)
+    path = f"/java/seek-{rng.randrange(10**9)}"
+    with subprocess.Popen(
+        [*command, "sr3.hadoop.ContractCheck", "read-after-seek", path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as check:  # fmt: skip
+        assert check.stdout is not None and check.stdin is not None
+        ready = check.stdout.readline()
+        assert ready.strip() == "READY", ready + (check.stderr.read() if check.stderr else "")
+        before = _chunk_bytes_served(cluster)
+        check.stdin.write("go\n")
+        check.stdin.flush()
+        out, err = check.communicate(timeout=JAVA_TIMEOUT_S)
+    assert check.returncode == 0 and "PASS a read" in out, out + err[-3000:]
+    served = _chunk_bytes_served(cluster) - before
+    assert served <= SEEK_READ_SERVED_MAX * SEEK_FILE_BYTES, served / SEEK_FILE_BYTES

@@ -455,9 +455,31 @@ public final class ContractCheck {
     });
   }
 
+  /**
+   * Writes a file of ten blocks and a bit, says READY, waits for a line (the test reads
+   * the peers' counters), then reads it from an offset in its second block to the end.
+   */
+  private void readAfterSeek(String file) throws Exception {
+    Path path = new Path(file);
+    int blockBytes = Sr3FileSystem.BLOCK_BYTES_DEFAULT;
+    byte[] data = bytes(13, 10 * blockBytes + 1000);
+    write(path, data, true);
+    int from = blockBytes + MIB + 17; // past the block read when the file opened
+    check("a read from a seek to the end", () -> {
+      byte[] got = new byte[data.length - from];
+      try (FSDataInputStream in = fs.open(path)) {
+        awaitLine();
+        in.seek(from);
+        in.readFully(got);
+      }
+      expect(Arrays.equals(got, Arrays.copyOfRange(data, from, data.length)), "bytes differ");
+      return "";
+    });
+  }
+
   public static void main(String[] args) throws Exception {
     if (args.length != 2) {
-      System.err.println("usage: ContractCheck contract|read-across-kill|write-across-kill PATH");
+      System.err.println("usage: ContractCheck contract|read-across-kill|write-across-kill|read-after-seek PATH");
       System.exit(2);
     }
     Configuration conf = new Configuration(false);
@@ -485,6 +507,7 @@ public final class ContractCheck {
       case "contract" -> checker.contract(args[1]);
       case "read-across-kill" -> checker.readAcrossKill(args[1]);
       case "write-across-kill" -> checker.writeAcrossKill(args[1]);
+      case "read-after-seek" -> checker.readAfterSeek(args[1]);
       default -> {
         System.err.println("unknown mode " + args[0]);
         System.exit(2);

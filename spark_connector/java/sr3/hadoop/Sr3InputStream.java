@@ -15,8 +15,9 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.hadoop.fs.FSInputStream;
 
 /**
- * A file of the namespace read in blocks (GET with offset and length): seekable, with
- * positioned reads that leave the position alone. Every block is checked to be exactly
+ * A file of the namespace read in blocks (GET with offset and length) that end on
+ * multiples of the block size: seekable, with positioned reads that leave the position
+ * alone. Every block is checked to be exactly
  * the length asked for; a short answer is an error, never a short file.
  *
  * <p>Blocks after the first name the version the first came with (its tag: version and
@@ -112,7 +113,11 @@ final class Sr3InputStream extends FSInputStream {
     if (offset >= blockStart && offset < blockStart + block.length) {
       return true;
     }
-    int length = (int) Math.min(blockBytes, size - offset);
+    // Blocks end on multiples of the block size (the ring's chunk size by default): a
+    // read that starts mid-way (a seek) fetches up to the next boundary, and the blocks
+    // after it are whole chunks, each fetched and verified once by the coordinator
+    // rather than two halves of two chunks per block.
+    int length = (int) Math.min(blockBytes - offset % blockBytes, size - offset);
     boolean sequential = offset == blockStart + block.length;
     byte[] fetched = offset == aheadStart ? awaitAhead() : null;
     cancelAhead();
@@ -129,7 +134,7 @@ final class Sr3InputStream extends FSInputStream {
     if (offset >= size) {
       return;
     }
-    int length = (int) Math.min(blockBytes, size - offset);
+    int length = (int) Math.min(blockBytes - offset % blockBytes, size - offset);
     AtomicBoolean claimed = new AtomicBoolean();
     try {
       ahead =
