@@ -181,8 +181,12 @@ class Transport:
         if self._tls is None and isinstance(exc, aiohttp.ServerDisconnectedError):
             # What a peer serving HTTPS does to a plain-HTTP request.
             reason += " before answering (if the ring serves HTTPS (TLS), set SR3_TLS_CA)"
-        elif self._tls is not None and reason == "connection reset by peer":
-            # What a peer does, under TLS 1.3, to a client certificate it refuses.
+        elif self._tls is not None and (
+            reason == "connection reset by peer" or isinstance(exc, aiohttp.ServerDisconnectedError)
+        ):
+            # What a peer does, under TLS 1.3, to a client certificate it refuses: its
+            # alert comes after the client's handshake is done, and whether the client
+            # then reads a reset or a closed connection is a matter of timing.
             reason += (
                 " (TLS: a peer that requires client certificates does this to one it "
                 "refuses: is SR3_TLS_CERT from the cluster's CA?)"

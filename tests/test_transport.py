@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -134,6 +136,23 @@ async def test_an_unreachable_peer_is_named_with_a_reason_in_words() -> None:
     message = str(caught.value)
     assert message.endswith("connection refused"), message
     assert "ClientConnector" not in message and "ConnectionKey" not in message
+
+
+@pytest.mark.parametrize(
+    "cut", [aiohttp.ServerDisconnectedError(), ConnectionResetError(104, "Connection reset")]
+)
+def test_a_tls_connection_cut_before_any_answer_names_the_client_certificate(
+    cut: BaseException,
+) -> None:
+    """Breaks: a peer that requires client certificates refuses this client's (TLS 1.3:
+    after the client's side of the handshake), which the client reads, by timing, as a
+    reset or as a closed connection. Must hold: either way the message says TLS and
+    names the client certificate, as one line."""
+    transport = Transport("s" * 32, tls=ssl.create_default_context())
+    message = str(transport._unreachable("10.0.0.1:7400", "GET /v1/ring", cut))
+    assert "TLS" in message and "SR3_TLS_CERT" in message and "\n" not in message, message
+    plain = str(Transport("s" * 32)._unreachable("10.0.0.1:7400", "GET /v1/ring", cut))
+    assert "SR3_TLS_CERT" not in plain, plain
 
 
 def test_a_clock_skew_refusal_is_that_peers_failure_and_other_401s_are_ours() -> None:
