@@ -281,7 +281,12 @@ class Standby:
         if spark is None or not self.warm:
             return
         started = self._clock()
-        with tempfile.TemporaryDirectory(prefix="sr3-standby-warm-") as scratch:
+        # Spark's state store maintenance may still write the warm-up query's snapshots
+        # while the directory goes: what it left behind stays in the temporary directory
+        # (a few KiB) rather than failing the standby over an optimization.
+        with tempfile.TemporaryDirectory(
+            prefix="sr3-standby-warm-", ignore_cleanup_errors=True
+        ) as scratch:
             source = Path(scratch) / "input"
             source.mkdir()
             for index in range(2):

@@ -11,6 +11,8 @@ the files a batch changed and leaves the directory equal to the batch's cut.
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import threading
 from pathlib import Path
@@ -357,3 +359,58 @@ def test_a_standby_keeps_waiting_while_the_ring_cannot_decide_the_lease(
             assert flaky.failures == 0 and standby.lease.fence == 2
         finally:
             standby.close()
+
+
+class _WarmUpQuery:
+    """Stands for Spark's streaming builders and query in a standby's warm-up (the test
+    is about the scratch directory): started, it writes a state file into the checkpoint
+    directory it was given, as Spark's state store maintenance does."""
+
+    def __init__(self) -> None:
+        self.checkpoint: Path | None = None
+        self.readStream = self.writeStream = self
+
+    def option(self, name: str, value: object) -> _WarmUpQuery:
+        if name == "checkpointLocation":
+            self.checkpoint = Path(str(value))
+        return self
+
+    def start(self) -> _WarmUpQuery:
+        assert self.checkpoint is not None
+        (self.checkpoint / "state" / "0").mkdir(parents=True)
+        (self.checkpoint / "state" / "0" / "1.snapshot").write_bytes(b"state")
+        return self
+
+    def awaitTermination(self, _timeout_s: float) -> bool:
+        return True
+
+    def __getattr__(self, _name: str) -> Any:
+        return lambda *_args, **_options: self
+
+
+def test_a_warm_up_directory_spark_still_writes_into_does_not_fail_the_standby(
+    ring: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaks: the warm-up query's state directory cannot be removed when the warm-up
+    ends ("Directory not empty": Spark's maintenance thread wrote a snapshot into it
+    meanwhile). Must hold: the standby goes on (the warm-up is an optimization)."""
+    query = f"standby-warm-{random.randrange(10**9)}"
+    warm = _WarmUpQuery()
+    standby = Standby(
+        ring.ring, query, tmp_path / "b", ring.secret, start=lambda: None, spark=warm,
+        holder="host-b:2", timeout_s=1.0, renew_every_s=0.2, poll_s=0.05,
+    )  # fmt: skip
+    real_rmdir = os.rmdir
+
+    def busy_rmdir(path: Any, *args: Any, **options: Any) -> None:
+        if str(path) == "0":
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", "0")
+        real_rmdir(path, *args, **options)
+
+    monkeypatch.setattr(os, "rmdir", busy_rmdir)
+    try:
+        standby._warm_spark()
+    finally:
+        monkeypatch.undo()
+        standby.close()
+    assert warm.checkpoint is not None
