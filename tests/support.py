@@ -36,6 +36,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from filesystem.namespace import Namespace
 from ring import api, fs_api, paxos
 from ring.auth import Signer
 from ring.client import Client
@@ -56,6 +57,7 @@ __all__ = [
     "chunk_file",
     "chunk_holders",
     "commit_next_batch",
+    "cut_rename",
     "fs_rename",
     "materialize",
     "metric_value",
@@ -65,6 +67,7 @@ __all__ = [
     "require_spark",
     "spark_required",
     "start_cluster",
+    "wall_ms",
     "where_renamed",
     "WritesClient",
 ]
@@ -472,3 +475,19 @@ async def where_renamed(
         assert (read is not None) == listed, (path, read, listed)
         at.append(read == data)
     return at[0], at[1]
+
+
+def wall_ms() -> int:
+    """The wall clock in milliseconds, as a namespace's coordinator reads it."""
+    return int(time.time() * 1000)
+
+
+async def cut_rename(
+    client: Client, source: str, target: str, op: str, *, cut_at: int,
+    when: Literal["before", "after"], overwrite: bool = False,
+) -> None:  # fmt: skip
+    """Rename ``op`` through a namespace whose ring client stops at its ``cut_at``-th
+    write (``CutClient``): its coordinator dies there and the client never hears back."""
+    namespace = Namespace(CutClient(client, cut_at, when), wall_ms)  # type: ignore[arg-type]
+    with pytest.raises(Cut):
+        await namespace.rename(source, target, overwrite=overwrite, op=op)

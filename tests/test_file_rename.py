@@ -18,12 +18,11 @@ import asyncio
 import contextlib
 import random
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import pytest
-from support import Cut, CutClient, WritesClient, fs_rename, where_renamed
+from support import Cut, CutClient, WritesClient, cut_rename, fs_rename, wall_ms, where_renamed
 
 from filesystem.entries import decode_entry
 from filesystem.moves import intent_key
@@ -36,10 +35,6 @@ from sr3.local import LocalCluster
 # The writes of a file rename: intent, two marks, commit, two clean-ups, intent gone.
 RENAME_WRITES = 7
 READS_WHILE_REPLACED_MIN = 10
-
-
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
@@ -66,7 +61,7 @@ async def test_a_rename_cut_after_any_write_leaves_the_file_at_one_end(
                 await fs.write(target, old)
             op = secrets.token_hex(12)
             cut = CutClient(client, cut_at, when)
-            namespace = Namespace(cut, _wall_ms)  # type: ignore[arg-type]
+            namespace = Namespace(cut, wall_ms)  # type: ignore[arg-type]
             try:
                 await namespace.rename(source, target, overwrite=overwrite, op=op)
                 finished = True
@@ -139,9 +134,7 @@ async def test_a_write_of_either_end_stops_a_rename_left_half_way(
         FsClient(ring.cluster.addresses[2], ring.secret) as fs,
     ):
         await fs.write(source, b"renamed")
-        namespace = Namespace(CutClient(client, 3, "before"), _wall_ms)  # type: ignore[arg-type]
-        with pytest.raises(Cut):
-            await namespace.rename(source, target, overwrite=False, op=op)
+        await cut_rename(client, source, target, op, cut_at=3, when="before")
         assert await where_renamed(fs, source, target, b"renamed") == (True, False)
         if writer == "create-target":
             await fs.write(target, b"created")
@@ -149,7 +142,7 @@ async def test_a_write_of_either_end_stops_a_rename_left_half_way(
             await fs.write(source, b"rewritten", overwrite=True)
         else:
             assert await fs.delete(source)
-        assert await Namespace(client, _wall_ms).renames.state(op) == "aborted"
+        assert await Namespace(client, wall_ms).renames.state(op) == "aborted"
         with pytest.raises(FsRefused) as refused:
             await fs_rename(fs, source, target, op)
         assert refused.value.code == "changed"
@@ -199,7 +192,7 @@ async def test_a_rename_whose_target_is_written_before_its_commit_is_refused_and
         async def create_target() -> None:
             await fs.write(target, b"created")
 
-        namespace = Namespace(InterposedClient(client, 3, create_target), _wall_ms)  # type: ignore[arg-type]
+        namespace = Namespace(InterposedClient(client, 3, create_target), wall_ms)  # type: ignore[arg-type]
         with pytest.raises(FsError) as refused:
             await namespace.rename(source, target, overwrite=False, op=op)
         assert refused.value.code == "changed"
@@ -225,9 +218,8 @@ async def test_a_reader_racing_the_clean_up_still_finds_the_file(
         FsClient(ring.cluster.addresses[3], ring.secret) as fs,
     ):
         await fs.write(source, b"renamed")
-        namespace = Namespace(CutClient(client, 4, "before"), _wall_ms)  # type: ignore[arg-type]
-        with pytest.raises(Cut):  # committed, not cleaned up
-            await namespace.rename(source, target, overwrite=False, op=op)
+        # Committed, not cleaned up.
+        await cut_rename(client, source, target, op, cut_at=4, when="before")
         finished: list[bool] = []
 
         class Racing:
@@ -243,7 +235,7 @@ async def test_a_reader_racing_the_clean_up_still_finds_the_file(
                     await fs_rename(fs, source, target, op)
                 return await client.get_record(key, **options)
 
-        reader = Namespace(Racing(), _wall_ms)  # type: ignore[arg-type]
+        reader = Namespace(Racing(), wall_ms)  # type: ignore[arg-type]
         stat = await reader.stat(target)
         assert (stat.type, stat.size) == ("file", len(b"renamed"))
         assert finished == [True]
@@ -258,7 +250,7 @@ async def test_a_rename_onto_a_directory_or_without_overwrite_writes_nothing(
     root = f"/tests/fmv-{rng.randrange(10**12)}"
     async with Client(ring.ring, ring.secret) as client:
         cut = CutClient(client, 0, "before")
-        namespace = Namespace(cut, _wall_ms)  # type: ignore[arg-type]
+        namespace = Namespace(cut, wall_ms)  # type: ignore[arg-type]
         async with FsClient(ring.cluster.addresses[0], ring.secret) as fs:
             await fs.write(f"{root}/f", b"file")
             await fs.write(f"{root}/other", b"other")

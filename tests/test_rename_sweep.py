@@ -19,7 +19,7 @@ import secrets
 import time
 
 import pytest
-from support import Cut, CutClient, MakeCluster, fs_rename, where_renamed
+from support import MakeCluster, cut_rename, fs_rename, wall_ms, where_renamed
 
 from filesystem.entries import decode_entry
 from filesystem.moves import intent_key
@@ -38,10 +38,6 @@ TREE_FILES = 3
 DIRECTORY_RENAME_WRITES = 1 + 2 * (TREE_FILES + 1) + 1 + 2 * (TREE_FILES + 1) + 1
 SWEPT_WITHIN_S = 60.0
 POLL_S = 0.2
-
-
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 async def _everything(_key: str) -> bool:
@@ -66,7 +62,7 @@ async def test_the_sweep_finishes_a_file_rename_cut_after_any_write(
         Client(ring.ring, ring.secret) as client,
         FsClient(ring.cluster.addresses[1:3], ring.secret) as fs,
     ):
-        sweeper = Namespace(client, _wall_ms)
+        sweeper = Namespace(client, wall_ms)
         for cut_at in range(FILE_RENAME_WRITES - 1):
             source, target = f"{root}/{cut_at}/part.tmp", f"{root}/{cut_at}/part"
             data, old = rng.randbytes(rng.randrange(1, 3000)), b"old file"
@@ -74,9 +70,9 @@ async def test_the_sweep_finishes_a_file_rename_cut_after_any_write(
             if overwrite:
                 await fs.write(target, old)
             op = secrets.token_hex(12)
-            cut = Namespace(CutClient(client, cut_at, "after"), _wall_ms)  # type: ignore[arg-type]
-            with pytest.raises(Cut):
-                await cut.rename(source, target, overwrite=overwrite, op=op)
+            await cut_rename(
+                client, source, target, op, cut_at=cut_at, when="after", overwrite=overwrite
+            )
             before = await where_renamed(fs, source, target, data, old if overwrite else None)
             assert await sweep_renames(sweeper, abandoned_after_ms=0, owns=_everything) >= 1
             assert await client.get_record(intent_key(op)) is None, cut_at
@@ -99,15 +95,13 @@ async def test_the_sweep_finishes_a_directory_rename_cut_after_any_write(
         Client(ring.ring, ring.secret) as client,
         FsClient(ring.cluster.addresses[3:5], ring.secret) as fs,
     ):
-        sweeper = Namespace(client, _wall_ms)
+        sweeper = Namespace(client, wall_ms)
         for cut_at in range(DIRECTORY_RENAME_WRITES - 1):
             source, target = f"{root}/{cut_at}/a", f"{root}/{cut_at}/b"
             for name in names:
                 await fs.write(f"{source}/{name}", name.encode())
             op = secrets.token_hex(12)
-            cut = Namespace(CutClient(client, cut_at, "after"), _wall_ms)  # type: ignore[arg-type]
-            with pytest.raises(Cut):
-                await cut.rename(source, target, overwrite=False, op=op)
+            await cut_rename(client, source, target, op, cut_at=cut_at, when="after")
             state = await sweeper.renames.state(op)
             assert await sweep_renames(sweeper, abandoned_after_ms=0, owns=_everything) >= 1
             assert await client.get_record(intent_key(op)) is None, cut_at
@@ -134,10 +128,8 @@ async def test_a_rename_younger_than_the_age_is_left_to_its_retry(
         FsClient(ring.cluster.addresses[0], ring.secret) as fs,
     ):
         await fs.write(source, b"renamed")
-        cut = Namespace(CutClient(client, 1, "after"), _wall_ms)  # type: ignore[arg-type]
-        with pytest.raises(Cut):
-            await cut.rename(source, target, overwrite=False, op=op)
-        sweeper = Namespace(client, _wall_ms)
+        await cut_rename(client, source, target, op, cut_at=1, when="after")
+        sweeper = Namespace(client, wall_ms)
         await sweep_renames(sweeper, abandoned_after_ms=3_600_000, owns=_everything)
         assert await sweeper.renames.state(op) == "copying"
         await fs_rename(fs, source, target, op)
@@ -158,9 +150,7 @@ async def test_peers_sweep_renames_nobody_finishes(
         FsClient(cluster.cluster.addresses[2], cluster.secret) as fs,
     ):
         await fs.write(source, b"renamed")
-        cut = Namespace(CutClient(client, 2, "after"), _wall_ms)  # type: ignore[arg-type]
-        with pytest.raises(Cut):
-            await cut.rename(source, target, overwrite=False, op=op)
+        await cut_rename(client, source, target, op, cut_at=2, when="after")
         deadline = time.monotonic() + SWEPT_WITHIN_S
         while await client.get_record(intent_key(op)) is not None:
             assert time.monotonic() < deadline, "no peer swept the rename"
