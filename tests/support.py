@@ -38,7 +38,7 @@ from yarl import URL
 
 from filesystem.namespace import Namespace
 from ring import api, fs_api, paxos
-from ring.auth import Signer
+from ring.auth import Signer, scoped_credential
 from ring.client import Client
 from ring.errors import NotFound, SR3Error
 from ring.placement import Member, Ring
@@ -65,6 +65,7 @@ __all__ = [
     "next_base_port",
     "peer_address",
     "require_spark",
+    "spark_credential",
     "spark_required",
     "start_cluster",
     "wall_ms",
@@ -491,3 +492,9 @@ async def cut_rename(
     namespace = Namespace(CutClient(client, cut_at, when), wall_ms)  # type: ignore[arg-type]
     with pytest.raises(Cut):
         await namespace.rename(source, target, overwrite=overwrite, op=op)
+
+
+def spark_credential(secret: str) -> str:
+    """A credential scoped to ``/spark`` for an hour: what a test's executors get."""
+    now = int(time.time())
+    return scoped_credential(secret, "/spark", expires_at=now + 3600, issued_at=now)

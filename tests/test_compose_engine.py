@@ -32,9 +32,8 @@ from containers import (
     start_engine,
     stop_engine,
 )
-from support import require_spark
+from support import require_spark, spark_credential
 
-from ring.auth import scoped_credential
 from sr3.cluster_app import ClusterJob, application_env, finish_application, write_job_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.containers]
@@ -196,8 +195,7 @@ def test_spark_on_the_host_checkpoints_to_the_compose_ring(
         reference_output_dir=str(tmp_path / "reference-output"),
         result_path=str(tmp_path / "result.json"),
     )
-    now = int(time.time())
-    credential = scoped_credential(ring.secret, "/spark", expires_at=now + 3600, issued_at=now)
+    credential = spark_credential(ring.secret)
     env = application_env(HOST_RING, credential)
     env["SR3_TLS_CA"] = str(ring.directory / "tls" / "ca.pem")
     result = finish_application(job, env, tmp_path / "driver.log", SPARK_FINISH_S_MAX)

@@ -25,14 +25,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
-from support import require_spark
+from support import require_spark, spark_credential
 
 from filesystem.moves import INTENT_KEY_PREFIX, Intent
-from ring.auth import scoped_credential
 from ring.client import Client
 from sr3.batch_app import MODES, BatchJob, BatchResult
 from sr3.cluster_app import application_env
@@ -54,8 +52,7 @@ def test_partitioned_overwrites_commit_on_sr3_as_on_file(
     ring: LocalCluster, rng: random.Random, tmp_path: Path
 ) -> None:
     require_spark()
-    now = int(time.time())
-    credential = scoped_credential(ring.secret, "/spark", expires_at=now + 3600, issued_at=now)
+    credential = spark_credential(ring.secret)
     job = BatchJob(
         sr3_path=f"sr3:///spark/batch-{rng.randrange(10**9)}",
         local_path=f"file://{tmp_path}/tables",
@@ -87,8 +84,7 @@ def test_executors_killed_mid_task_commit_leave_no_partial_output(
     ring: LocalCluster, rng: random.Random, tmp_path: Path
 ) -> None:
     require_spark()
-    now = int(time.time())
-    credential = scoped_credential(ring.secret, "/spark", expires_at=now + 3600, issued_at=now)
+    credential = spark_credential(ring.secret)
     table = f"/spark/killed-{rng.randrange(10**9)}"
     job = BatchJob(
         sr3_path=f"sr3://{table}",

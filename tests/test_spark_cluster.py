@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support import MakeCluster, require_spark
+from support import MakeCluster, require_spark, spark_credential
 
-from ring.auth import scoped_credential
 from sr3.cluster_app import (
     ClusterJob,
     application_env,
@@ -57,11 +56,6 @@ def _job(tmp_path: Path, query: str, rng: random.Random, input_seed: int = 0) ->
     )
 
 
-def _credential(secret: str) -> str:
-    now = int(time.time())
-    return scoped_credential(secret, "/spark", expires_at=now + 3600, issued_at=now)
-
-
 @pytest.mark.parametrize("query", ["window", "dedup", "join", "pandas"])
 def test_a_killed_application_and_two_dead_peers_lose_no_state(
     make_cluster: MakeCluster, rng: random.Random, tmp_path: Path, query: str
@@ -73,7 +67,7 @@ def test_a_killed_application_and_two_dead_peers_lose_no_state(
     require_spark("pandas", "pyarrow")
     cluster = make_cluster(5, peer_flags=PEER_FLAGS)
     job = _job(tmp_path, query, rng)
-    env = application_env(cluster.ring, _credential(cluster.secret))
+    env = application_env(cluster.ring, spark_credential(cluster.secret))
     log = tmp_path / "driver.log"
     app = start_application("run", job, env, log)
     try:
@@ -104,7 +98,7 @@ def test_a_second_application_on_one_checkpoint_fails_and_the_first_keeps_its_st
     cluster = make_cluster(3, peer_flags=PEER_FLAGS)
     seed = rng.randrange(1, 10**6)
     job = _job(tmp_path, "window", rng, seed)
-    env = application_env(cluster.ring, _credential(cluster.secret))
+    env = application_env(cluster.ring, spark_credential(cluster.secret))
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
     first = start_application("run", job, env, first_log)
     second_dir = tmp_path / "second"
