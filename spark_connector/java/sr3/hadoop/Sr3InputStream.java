@@ -113,11 +113,7 @@ final class Sr3InputStream extends FSInputStream {
     if (offset >= blockStart && offset < blockStart + block.length) {
       return true;
     }
-    // Blocks end on multiples of the block size (the ring's chunk size by default): a
-    // read that starts mid-way (a seek) fetches up to the next boundary, and the blocks
-    // after it are whole chunks, each fetched and verified once by the coordinator
-    // rather than two halves of two chunks per block.
-    int length = (int) Math.min(blockBytes - offset % blockBytes, size - offset);
+    int length = blockLength(offset);
     boolean sequential = offset == blockStart + block.length;
     byte[] fetched = offset == aheadStart ? awaitAhead() : null;
     cancelAhead();
@@ -129,12 +125,22 @@ final class Sr3InputStream extends FSInputStream {
     return true;
   }
 
+  /**
+   * The length of the block at {@code offset}: blocks end on multiples of the block size
+   * (the ring's chunk size by default), so a read that starts mid-way (a seek) fetches
+   * up to the next boundary and the blocks after it are whole chunks, each fetched and
+   * verified once by the coordinator rather than two halves of two chunks per block.
+   */
+  private int blockLength(long offset) {
+    return (int) Math.min(blockBytes - offset % blockBytes, size - offset);
+  }
+
   /** Starts fetching the block at {@code offset} in the background, if there is one. */
   private void readAhead(long offset) {
     if (offset >= size) {
       return;
     }
-    int length = (int) Math.min(blockBytes - offset % blockBytes, size - offset);
+    int length = blockLength(offset);
     AtomicBoolean claimed = new AtomicBoolean();
     try {
       ahead =
