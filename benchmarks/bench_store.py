@@ -61,6 +61,7 @@ from aiohttp import web
 from ring.client import Client, ClientOptions
 from ring.codec import CHUNK_BYTES_MAX
 from ring.config import parse_size
+from ring.heap import keep_buffers
 from sr3.local import LocalCluster
 from sr3.statedata import write_state_file
 
@@ -541,6 +542,9 @@ def run(
     *,
     compare_tls: bool = False,
 ) -> None:
+    # This process runs both clients; it keeps its chunk buffers as sr3's own processes do
+    # (``ring.heap``), the same for the baseline's client and sr3's.
+    heap_kept = keep_buffers()
     options = ClientOptions()
     base: list[Trial] = []
     ours: list[Trial] = []
@@ -564,6 +568,7 @@ def run(
                 log(f"sr3 tls  {index + 1}/{repeat}: {describe(size_bytes, secured[-1])}")
     report = build_report(size_bytes, setup, base, ours)
     report["load_average_1m_before"] = load_average
+    report["client_heap_kept"] = heap_kept
     if compare_tls:
         report["tls"] = tls_report(size_bytes, ours, secured)
     print_report(report)

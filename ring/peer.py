@@ -45,6 +45,7 @@ from ring.peer_answers import (
     client_gone,
     error_answer,
     preempted_answer,
+    read_body,
     translate,
 )
 from ring.peer_config import PeerConfig
@@ -61,6 +62,8 @@ AppExtension = Callable[[web.Application, Node], None]
 
 # Where a handler of a streamed-body route finds the body digest the request signed.
 SIGNED_BODY_DIGEST = "sr3.signed_body_digest"
+# Where the chunk PUT handler finds the body the guard read and checked (``read_body``).
+CHUNK_BODY = "sr3.chunk_body"
 
 
 def _canonical(route: Route) -> tuple[str, str]:
@@ -70,6 +73,7 @@ def _canonical(route: Route) -> tuple[str, str]:
 
 
 _STREAMED_BODY = frozenset(_canonical(route) for route in fs_api.STREAMED_BODY_ROUTES)
+_CHUNK_PUT = _canonical(api.CHUNK_PUT)
 # What a scoped credential may reach: the member table (to find peers), and the file
 # namespace's routes for paths under its prefix.
 _SCOPED_ROUTES = {_canonical(route): route for route in fs_api.FS_ROUTES}
@@ -101,12 +105,15 @@ def _under(path: str, prefix: str) -> bool:
     return prefix in (fs_api.ROOT, path) or path.startswith(prefix + "/")
 
 
+def _pattern(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else ""
+
+
 def _streamed_body(request: web.Request) -> bool:
     """A route whose body its handler streams (a file of the namespace, beyond what the
     peer buffers): the handler checks the signed digest, and keeps nothing that fails."""
-    resource = request.match_info.route.resource
-    pattern = resource.canonical if resource is not None else ""
-    return (request.method, pattern) in _STREAMED_BODY
+    return (request.method, _pattern(request)) in _STREAMED_BODY
 
 
 class Peer:
@@ -188,7 +195,11 @@ class Peer:
             # Read (bounded) and checked against the digest by the handler as it goes.
             request[SIGNED_BODY_DIGEST] = digest
             return
-        body = await request.read() if request.body_exists else None
+        if (request.method, _pattern(request)) == _CHUNK_PUT:
+            body: bytes | bytearray | None = await read_body(request, codec.STORED_BYTES_MAX)
+            request[CHUNK_BODY] = body
+        else:
+            body = await request.read() if request.body_exists else None
         self.verifier.verify_body(digest, body)
 
     # -- peer and membership -------------------------------------------------------------
@@ -345,7 +356,7 @@ class Peer:
         self._refuse_if_leaving()
         chunk_id = self._chunk_id(request)
         hint = api.parse_hint(request.query.get("hint"))
-        stored = await request.read()
+        stored = request[CHUNK_BODY]
         created = await self.chunks.put(chunk_id, stored)
         if hint is not None and hint != self.config.peer_id:
             try:

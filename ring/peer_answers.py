@@ -1,6 +1,7 @@
 """How a peer answers an error: the HTTP status and JSON body each kind of failure gets
 (``translate``), and whether a failure was the client hanging up (``client_gone``),
-which is counted under ``CLIENT_CLOSED``, never as a server error."""
+which is counted under ``CLIENT_CLOSED``, never as a server error; and how it reads a
+large body (``read_body``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from ring.errors import (
 from ring.paxos import Preempted
 
 __all__ = [
-    "CLIENT_CLOSED", "Leaving", "client_gone", "error_answer", "preempted_answer", "translate",
+    "CLIENT_CLOSED", "Leaving", "client_gone", "error_answer", "preempted_answer", "read_body",
+    "translate",
 ]  # fmt: skip
 
 log = logging.getLogger("ring.peer")
@@ -77,3 +79,29 @@ def client_gone(request: web.Request, exc: Exception) -> bool:
     peer read its body or wrote the answer), not from the peer."""
     transport = request.transport
     return isinstance(exc, ConnectionError) and (transport is None or transport.is_closing())
+
+
+async def read_body(request: web.Request, limit: int) -> bytearray:
+    """The whole body of ``request``, at most ``limit`` bytes (413 beyond), copied once
+    into a buffer of the declared length as the pieces arrive. ``request.read()`` grows a
+    buffer piece by piece and copies it again at the end: for a chunk, two more passes
+    over every byte and as many fresh pages, on each of R replicas."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
+    content = request.content
+    content.set_read_chunk_size(min(declared or limit, limit))
+    body = bytearray(declared or 0)
+    filled = 0
+    while not content.at_eof():
+        piece, _ = await content.readchunk()
+        end = filled + len(piece)
+        if end > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=end)
+        body[filled:end] = piece
+        filled = end
+    if declared is not None and filled != declared:
+        # The parser frames the body by its declared length; a short one means the
+        # connection ended first.
+        raise ConnectionResetError(f"the body ended after {filled} of {declared} bytes")
+    return body

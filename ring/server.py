@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ring.clock import SYSTEM_CLOCKS
+from ring.heap import keep_buffers
 from ring.node import Node
 from ring.peer import AppExtension, build_app, runner_options
 from ring.peer_config import PeerConfig
@@ -113,6 +114,7 @@ async def serve(
 
 def run_peer(config: PeerConfig, *, extensions: Sequence[AppExtension] = ()) -> None:
     """Blocking entry point of ``sr3 peer``."""
+    keep_buffers()
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from support import HttpProbe, MakeCluster, chunk_file, chunk_holders, metric_value
+from yarl import URL
 
 from ring import codec, paxos, records_api
 from ring.auth import BodyDigest
@@ -116,8 +118,9 @@ async def test_a_client_that_hangs_up_mid_body_is_counted_499_not_500(
 ) -> None:
     """Breaks: signed PUTs declaring 4 KiB and 64 MiB that send 1 KiB and close (was: a
     500 counted and a traceback logged for each). Must hold: the 5xx counter stays 0,
-    each is counted under status 499, nothing is stored, the log has no traceback, and
-    the peer keeps serving."""
+    the first is counted under status 499, the second under 413 (a chunk body longer
+    than any chunk is refused by its declared length, before a byte of it is read),
+    nothing is stored, the log has no traceback, and the peer keeps serving."""
     cluster = make_cluster(1, replication=1, write_quorum=1)
     address = cluster.cluster.addresses[0]
     chunk_id, stored = codec.encode(b"r" * 8192, compress=False)
@@ -132,15 +135,56 @@ async def test_a_client_that_hangs_up_mid_body_is_counted_499_not_500(
 
         async def counted() -> bool:
             text = await probe.metrics(address)
-            return 'status="499"} 2.0' in text
+            return 'status="499"} 1.0' in text and 'status="413"} 1.0' in text
 
-        await _eventually(counted, "two requests counted under 499")
+        await _eventually(counted, "one request counted under 499, one under 413")
         text = await probe.metrics(address)
         assert _five_xx_but_not_ready(text) == 0, _five_xx_routes(text)
         assert 'status="500"' not in text
         assert (await probe.signed(address, "HEAD", path)).status == 404
         assert await probe.health(address) == 200
     assert "Traceback" not in _log(cluster)
+
+
+async def _put_in_pieces(probe: HttpProbe, address: str, path: str, body: bytes) -> int:
+    """PUT ``body``, signed, in 64 KiB pieces with no Content-Length (chunked transfer
+    encoding): the peer cannot size its buffer from the headers."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for offset in range(0, len(body), 65536):
+            yield body[offset : offset + 65536]
+
+    headers = probe.signer.headers("PUT", path, body, target=address)
+    url = URL(f"http://{address}{path}", encoded=True)
+    async with probe.session.put(url, data=pieces(), headers=headers) as answer:
+        assert "Content-Length" not in answer.request_info.headers
+        await answer.read()
+        return answer.status
+
+
+async def test_a_chunk_body_without_a_length_is_read_whole_and_bounded(
+    make_cluster: MakeCluster,
+) -> None:
+    """The peer reads a chunk's body into one buffer of its declared length; a body sent
+    without one must still be read whole, and still be bounded. Breaks if the reader
+    trusts a length that is not there (a short or empty chunk stored, or a 5xx), or reads
+    an unbounded body. Must hold: the chunk is stored and served byte for byte; a body
+    one byte longer than the largest stored chunk is refused 413 and nothing is stored."""
+    cluster = make_cluster(1, replication=1, write_quorum=1)
+    address = cluster.cluster.addresses[0]
+    chunk_id, stored = codec.encode(state_bytes(700_000, seed=21))
+    path = f"/v1/chunks/{chunk_id}"
+    too_long_id = "0" * 32
+    too_long = b"x" * (codec.STORED_BYTES_MAX + 1)
+    async with HttpProbe(cluster.secret) as probe:
+        assert await _put_in_pieces(probe, address, path, stored) == 201
+        served = await probe.signed(address, "GET", path)
+        assert served.status == 200 and served.body == stored
+        refused = await _put_in_pieces(probe, address, f"/v1/chunks/{too_long_id}", too_long)
+        assert refused == 413
+        assert (await probe.signed(address, "HEAD", f"/v1/chunks/{too_long_id}")).status == 404
+        metrics = await probe.metrics(address)
+        assert _five_xx_but_not_ready(metrics) == 0, _five_xx_routes(metrics)
 
 
 async def test_malformed_request_lines_are_one_log_line_not_a_traceback_each(

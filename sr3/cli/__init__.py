@@ -37,6 +37,8 @@ from typing import Any
 
 import click
 
+from ring.heap import keep_buffers
+
 __all__ = ["cli", "main"]
 
 # Command name -> "module:attribute" that defines it.
@@ -86,4 +88,7 @@ def cli() -> None:
 
 
 def main() -> None:
+    # Every sr3 command is a process of its own: peers, and the commands that move
+    # chunks (``data``, ``spark restore``), reuse their chunk buffers (``ring.heap``).
+    keep_buffers()
     cli(prog_name="sr3")
