@@ -196,7 +196,7 @@ class Peer:
             request[SIGNED_BODY_DIGEST] = digest
             return
         if (request.method, _pattern(request)) == _CHUNK_PUT:
-            body: bytes | bytearray | None = await read_body(request, codec.STORED_BYTES_MAX)
+            body: bytes | None = await read_body(request, codec.STORED_BYTES_MAX)
             request[CHUNK_BODY] = body
         else:
             body = await request.read() if request.body_exists else None

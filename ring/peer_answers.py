@@ -81,27 +81,27 @@ def client_gone(request: web.Request, exc: Exception) -> bool:
     return isinstance(exc, ConnectionError) and (transport is None or transport.is_closing())
 
 
-async def read_body(request: web.Request, limit: int) -> bytearray:
-    """The whole body of ``request``, at most ``limit`` bytes (413 beyond), copied once
-    into a buffer of the declared length as the pieces arrive. ``request.read()`` grows a
-    buffer piece by piece and copies it again at the end: for a chunk, two more passes
-    over every byte and as many fresh pages, on each of R replicas."""
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body of ``request``, at most ``limit`` bytes (413 beyond; a declared
+    length over it is refused before any of the body is read), copied once: the pieces
+    as the network delivers them, joined at the end. ``request.read()`` grows a buffer
+    piece by piece and copies it again at the end, and a buffer of the declared length
+    would be zeroed first: for a chunk, passes over every byte on each of R replicas."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
     content = request.content
     content.set_read_chunk_size(min(declared or limit, limit))
-    body = bytearray(declared or 0)
-    filled = 0
+    pieces: list[bytes] = []
+    size = 0
     while not content.at_eof():
         piece, _ = await content.readchunk()
-        end = filled + len(piece)
-        if end > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=end)
-        body[filled:end] = piece
-        filled = end
-    if declared is not None and filled != declared:
+        size += len(piece)
+        if size > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+        pieces.append(piece)
+    if declared is not None and size != declared:
         # The parser frames the body by its declared length; a short one means the
         # connection ended first.
-        raise ConnectionResetError(f"the body ended after {filled} of {declared} bytes")
-    return body
+        raise ConnectionResetError(f"the body ended after {size} of {declared} bytes")
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
