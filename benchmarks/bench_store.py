@@ -541,10 +541,12 @@ def run(
     log: Callable[[str], None],
     *,
     compare_tls: bool = False,
+    keep_client_buffers: bool = False,
 ) -> None:
-    # This process runs both clients; it keeps its chunk buffers as sr3's own processes do
-    # (``ring.heap``), the same for the baseline's client and sr3's.
-    heap_kept = keep_buffers()
+    # This process runs both clients and, like a user's process that uses sr3's library,
+    # keeps glibc's default thresholds (sr3's own processes keep their chunk buffers,
+    # ``ring.heap``; ``--keep-buffers`` sets the same here, for both clients).
+    heap_kept = keep_buffers() if keep_client_buffers else False
     options = ClientOptions()
     base: list[Trial] = []
     ours: list[Trial] = []
@@ -595,6 +597,11 @@ def main(argv: list[str] | None = None) -> int:
         "each plain round, and report TLS / plain",
     )
     parser.add_argument(
+        "--keep-buffers",
+        action="store_true",
+        help="keep chunk buffers in this process, which runs both clients (ring.heap)",
+    )
+    parser.add_argument(
         "--baseline-server", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
@@ -612,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         lambda line: print(line, flush=True),
         compare_tls=args.compare_tls,
+        keep_client_buffers=args.keep_buffers,
     )
     return 0
 
