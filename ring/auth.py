@@ -171,13 +171,11 @@ class BodyDigest:
         """An incremental hasher of this algorithm, for a body checked as it arrives."""
         return hashlib.sha256() if self.algorithm == "sha256" else blake3.blake3()
 
-    def matches(self, body: bytes | bytearray | memoryview | None) -> bool:
+    def matches(self, body: bytes | memoryview | None) -> bool:
         return hmac.compare_digest(digest_of(body, self.algorithm).hex, self.hex)
 
 
-def digest_of(
-    body: bytes | bytearray | memoryview | None, algorithm: DigestAlgorithm = "blake3"
-) -> BodyDigest:
+def digest_of(body: bytes | memoryview | None, algorithm: DigestAlgorithm = "blake3") -> BodyDigest:
     """The digest of ``body`` (b"" when None) with ``algorithm``."""
     if algorithm == "sha256":
         return BodyDigest("sha256", hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256)
@@ -473,7 +471,7 @@ class Verifier:
         return parsed.body, principal
 
     @staticmethod
-    def verify_body(signed: BodyDigest, body: bytes | bytearray | memoryview | None) -> None:
+    def verify_body(signed: BodyDigest, body: bytes | memoryview | None) -> None:
         if not signed.matches(body):
             raise AuthFailure("body does not match its signed digest")
 

@@ -89,8 +89,7 @@ def _authorize(request: web.Request, principal: Principal) -> None:
     prefix = principal.prefix
     if prefix is None:
         return
-    resource = request.match_info.route.resource
-    key = (request.method, resource.canonical if resource is not None else "")
+    key = (request.method, _pattern(request))
     if key in _SCOPED_OPEN:
         return
     route = _SCOPED_ROUTES.get(key)

@@ -13,7 +13,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ring.clock import SYSTEM_CLOCKS
-from ring.heap import keep_buffers
 from ring.node import Node
 from ring.peer import AppExtension, build_app, runner_options
 from ring.peer_config import PeerConfig
@@ -113,8 +112,8 @@ async def serve(
 
 
 def run_peer(config: PeerConfig, *, extensions: Sequence[AppExtension] = ()) -> None:
-    """Blocking entry point of ``sr3 peer``."""
-    keep_buffers()
+    """Blocking entry point of ``sr3 peer`` (whose ``main`` keeps chunk buffers,
+    ``ring.heap``)."""
 
     async def main() -> None:
         stop = asyncio.Event()
