@@ -138,6 +138,12 @@ class ChunkStore:
     def stored_size(self, chunk_id: str) -> int | None:
         return self._index.get(chunk_id)
 
+    def stored_within(self, chunk_id: str, seconds: float) -> bool:
+        """Whether ``chunk_id`` was stored here (anew or again) in the last ``seconds``:
+        the writer's copies to the other replicas may still be on their way."""
+        stored = self._last_stored.get(chunk_id)
+        return stored is not None and stored > self._clock() - seconds
+
     def ids(self) -> list[str]:
         return list(self._index)
 

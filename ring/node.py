@@ -135,7 +135,10 @@ class Node:
             clock=clocks.monotonic,
         )
         self.records = RecordStore(
-            config.data_dir, tombstone_ttl_s=config.tombstone_ttl_s, wall_clock=clocks.wall
+            config.data_dir,
+            tombstone_ttl_s=config.tombstone_ttl_s,
+            wall_clock=clocks.wall,
+            clock=clocks.monotonic,
         )
         self.hints = HintStore(config.data_dir)
         # The cluster configuration this peer learned and its vote on the next one.
@@ -259,7 +262,7 @@ class Node:
             RepairSettings(
                 replication=config.replication, vnodes=config.vnodes,
                 zone_aware=config.zone_aware, interval_s=config.repair_interval_s,
-                rate_bytes_s=config.repair_rate_bytes_s,
+                rate_bytes_s=config.repair_rate_bytes_s, settle_s=config.repair_settle_s,
             ),
             clock=self.clocks.monotonic, wall_clock=self.clocks.wall, foreground=self.foreground,
         )  # fmt: skip

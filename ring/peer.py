@@ -254,6 +254,7 @@ class Peer:
                     "bytes_pushed_total": node.repairer.totals.bytes_pushed,
                     "extra_copies_deleted_total": node.repairer.totals.extra_copies_deleted,
                     "hints_delivered_total": node.repairer.totals.hints_delivered,
+                    "pushes_deferred_total": node.repairer.totals.pushes_deferred,
                 },
                 "scrub": asdict(node.scrubber.stats),
                 "gc": {

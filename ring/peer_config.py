@@ -49,6 +49,9 @@ class PeerConfig:
     gossip_interval_s: float = 1.0
     repair_interval_s: float = 10.0
     repair_rate_bytes_s: float = 64e6
+    # Repair leaves a chunk or record written here this recently to its writer's own
+    # requests to the other replicas (``RepairSettings.settle_s``).
+    repair_settle_s: float = 2.0
     scrub_rate_bytes_s: float = 8e6
     scrub_interval_s: float = SCRUB_INTERVAL_S_DEFAULT
     # Chunk collection (ring.gc): a round every gc_interval_s (0: off); a chunk no live

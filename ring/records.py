@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import json
 import logging
 import re
@@ -64,6 +65,9 @@ log = logging.getLogger(__name__)
 
 KEY_CHARS_MAX = 512
 TOMBSTONE_TTL_S_DEFAULT = 7 * 24 * 3600.0
+# How long a change is remembered in memory (``changed_within``): repair asks about the
+# last seconds only, and this bounds the memory to the keys written in that time.
+CHANGES_KEPT_S = 60.0
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]*$")
 # Records written before consensus count as accepted at the lowest classic ballot.
 LEGACY_BALLOT = Ballot(1, "0")
@@ -204,6 +208,7 @@ class RecordStore:
         *,
         tombstone_ttl_s: float = TOMBSTONE_TTL_S_DEFAULT,
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._dir = root / "records"
         self._tmp_dir = root / "tmp"
@@ -214,6 +219,10 @@ class RecordStore:
         self._sorted: list[str] = []
         self._tombstone_ttl_s = tombstone_ttl_s
         self._wall_clock = wall_clock
+        self._clock = clock
+        # key -> clock() at its last change here, for the last ``CHANGES_KEPT_S``
+        # seconds, oldest first (``changed_within``).
+        self._changed: dict[str, float] = {}
         self._lock = asyncio.Lock()
 
     def open(self) -> None:
@@ -251,6 +260,13 @@ class RecordStore:
 
     def holds(self, key: str) -> bool:
         return key in self._entries
+
+    def changed_within(self, key: str, seconds: float) -> bool:
+        """Whether ``key``'s slot changed here in the last ``seconds`` (at most
+        ``CHANGES_KEPT_S``): a write that reached this acceptor may still be on its way
+        to the others."""
+        changed = self._changed.get(key)
+        return changed is not None and changed > self._clock() - seconds
 
     def is_deleted(self, key: str) -> bool:
         entry = self._entries.get(key)
@@ -451,6 +467,17 @@ class RecordStore:
         data = _encode(key, slot)
         await asyncio.to_thread(write_file_atomic, self._tmp_dir, self._path(key), data)
         self._set(key, _entry(slot))
+        self._note_change(key)
+
+    def _note_change(self, key: str) -> None:
+        now = self._clock()
+        self._changed.pop(key, None)
+        self._changed[key] = now
+        forget_before = now - CHANGES_KEPT_S
+        for oldest, changed in list(itertools.islice(self._changed.items(), 64)):
+            if changed > forget_before:
+                break
+            del self._changed[oldest]
 
     # -- housekeeping -------------------------------------------------------------------
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ring import api, paxos, records_api
 from ring.chunkstore import ChunkStore
@@ -45,6 +45,9 @@ __all__ = ["RepairSettings", "Repairer", "RoundReport"]
 log = logging.getLogger(__name__)
 
 BATCH_IDS_MAX = api.EXISTS_IDS_MAX
+BATCH_KEYS_MAX = api.LIST_LIMIT_MAX  # record keys per versions query
+
+_T = TypeVar("_T")
 PUSH_BATCH_MAX = 64
 
 
@@ -56,6 +59,11 @@ class RepairSettings:
     interval_s: float = 10.0
     rate_bytes_s: float = 64e6
     transfers_max: int = 2
+    # A chunk or record written here less than this long ago is not pushed yet: the
+    # writer sent it to the other replicas at the same time, and those copies may still
+    # be on their way (pushing it would send a second copy of each). The next round
+    # pushes what is still missing then.
+    settle_s: float = 2.0
 
     @property
     def record_group(self) -> int:
@@ -75,6 +83,9 @@ class RoundReport:
     bytes_pushed: int = 0
     extra_copies_deleted: int = 0
     hints_delivered: int = 0
+    # Pushes left to the next round: the chunk or record was written here less than
+    # ``settle_s`` ago.
+    pushes_deferred: int = 0
     failures: int = 0
     lost_examples: list[str] = field(default_factory=list)
 
@@ -153,28 +164,42 @@ class Repairer:
         return report
 
     def _accumulate(self, report: RoundReport) -> None:
-        for name in ("chunks_pushed", "bytes_pushed", "extra_copies_deleted", "hints_delivered"):
+        for name in (
+            "chunks_pushed", "bytes_pushed", "extra_copies_deleted", "hints_delivered",
+            "pushes_deferred",
+        ):  # fmt: skip
             setattr(self.totals, name, getattr(self.totals, name) + getattr(report, name))
 
     # -- asking peers -------------------------------------------------------------------
 
-    async def _which_have(self, member: Member, ids: list[str]) -> set[str] | None:
-        """The subset of ``ids`` that ``member`` holds, or None if it did not answer."""
-        present: set[str] = set()
-        for start in range(0, len(ids), BATCH_IDS_MAX):
-            batch = ids[start : start + BATCH_IDS_MAX]
+    async def _ask(
+        self, member: Member, route: api.Route, items: list[str], batch_max: int,
+        request: Callable[[list[str]], bytes], parse: Callable[[Any], Iterable[_T]], what: str,
+    ) -> list[_T] | None:  # fmt: skip
+        """What ``member`` answers ``route`` about ``items`` (``parse`` of each answer),
+        asked in batches of at most ``batch_max``; None if it did not answer them all."""
+        found: list[_T] = []
+        for start in range(0, len(items), batch_max):
             try:
                 answer = await self._transport.request(
                     member.address,
-                    api.CHUNKS_EXIST.method,
-                    api.CHUNKS_EXIST.pattern,
-                    body=api.exists_request(batch),
+                    route.method,
+                    route.pattern,
+                    body=request(items[start : start + batch_max]),
                 )
-                present.update(api.parse_exists_answer(answer.json()))
-            except (SR3Error, KeyError, TypeError) as exc:
-                log.info("repair: %s did not say which chunks it holds: %s", member.peer_id, exc)
+                found.extend(parse(answer.json()))
+            except (SR3Error, KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.info("repair: %s did not say %s: %s", member.peer_id, what, exc)
                 return None
-        return present
+        return found
+
+    async def _which_have(self, member: Member, ids: list[str]) -> set[str] | None:
+        """The subset of ``ids`` that ``member`` holds, or None if it did not answer."""
+        found = await self._ask(
+            member, api.CHUNKS_EXIST, ids, BATCH_IDS_MAX, api.exists_request,
+            api.parse_exists_answer, "which chunks it holds",
+        )  # fmt: skip
+        return None if found is None else set(found)
 
     async def _holders(
         self, wanted: Mapping[str, Collection[str]], members: Mapping[str, Member],
@@ -262,7 +287,10 @@ class Repairer:
         for chunk_id, wanted in preference.items():
             action = plan_chunk(self.me, wanted, holders[chunk_id] | {self.me}, live, replication)
             report.chunks_under_replicated += action.under_replicated
-            pushes.extend((chunk_id, members[peer_id]) for peer_id in action.push_to)
+            if action.push_to and self.chunks.stored_within(chunk_id, self.settings.settle_s):
+                report.pushes_deferred += len(action.push_to)
+            else:
+                pushes.extend((chunk_id, members[peer_id]) for peer_id in action.push_to)
             if action.delete_local and await self.chunks.delete(chunk_id):
                 report.extra_copies_deleted += 1
         # In batches, so that the tasks alive at once stay bounded however much moves.
@@ -274,18 +302,14 @@ class Repairer:
     # -- records ------------------------------------------------------------------------
 
     async def _ballots(self, member: Member, keys: list[str]) -> dict[str, str] | None:
-        """The ballot ``member`` accepted each of ``keys`` at (absent: none)."""
-        try:
-            answer = await self._transport.request(
-                member.address,
-                api.RECORD_VERSIONS.method,
-                api.RECORD_VERSIONS.pattern,
-                body=records_api.versions_request(keys),
-            )
-            return records_api.parse_ballots_answer(answer.json())
-        except (SR3Error, KeyError, TypeError, ValueError, AttributeError) as exc:
-            log.info("repair: %s did not give record ballots: %s", member.peer_id, exc)
-            return None
+        """The ballot ``member`` accepted each of ``keys`` at (absent: none), or None if
+        it did not answer."""
+        found = await self._ask(
+            member, api.RECORD_VERSIONS, keys, BATCH_KEYS_MAX, records_api.versions_request,
+            lambda answer: records_api.parse_ballots_answer(answer).items(),
+            "which record ballots it holds",
+        )  # fmt: skip
+        return None if found is None else dict(found)
 
     async def _repair_records(
         self, ring: Ring, members: Mapping[str, Member], live: set[str], report: RoundReport
@@ -309,7 +333,7 @@ class Repairer:
             key: {self.me: _own_ballot(self.records.accepted(key))} for key in keys
         }
         for peer_id, peer_keys in asked.items():
-            answer = await self._ballots(members[peer_id], peer_keys[:BATCH_IDS_MAX])
+            answer = await self._ballots(members[peer_id], peer_keys)
             if answer is None:
                 live.discard(peer_id)
                 continue
@@ -324,6 +348,9 @@ class Repairer:
                 continue
             action = plan_record(self.me, preference[key], versions[key], live, group)
             report.records_under_replicated += bool(action.push_to)
+            if action.push_to and self.records.changed_within(key, self.settings.settle_s):
+                report.pushes_deferred += len(action.push_to)
+                continue
             for peer_id in action.push_to:
                 await self._push_record(key, preference[key], members[peer_id], report)
             if action.delete_local:

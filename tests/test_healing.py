@@ -16,10 +16,12 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +39,7 @@ from support import (
     chunk_holders,
     metric_value,
     next_base_port,
+    start_cluster,
 )
 
 from ring import api, codec, paxos, records_api
@@ -45,7 +48,9 @@ from ring.blobs import BlobRef
 from ring.client import Client, ClientOptions
 from ring.errors import SR3Error
 from ring.overlay import DATAGRAM_BYTES_MAX
+from ring.paxos import Slot, Value
 from ring.placement import Member, Ring
+from ring.records import RecordStore
 from sr3.local import LocalCluster, pick_port
 
 # Real clusters healing under faults, seconds each: out of the `-m "not slow"` inner loop.
@@ -69,6 +74,8 @@ CHECK_TIMEOUT_S = 20.0
 POLL_INTERVAL_S = 0.25
 
 CHUNK_BYTES = 256 * KIB
+# A tmpfs where there is one, for tests that write ten thousand files durably.
+MEMORY_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 AUTH_FAILURES_METRIC = "sr3_peer_auth_failures_total"
 
 
@@ -487,16 +494,132 @@ async def test_repair_copies_a_fast_create_to_the_acceptor_it_did_not_ask_once(
         await wait_for("every acceptor holds every record", on_every_acceptor)
         # Two more repair rounds: nothing is pushed again.
         await asyncio.sleep(3 * REPAIR_INTERVAL_S)
-        accepts = 0.0
-        for peer_id in ids(cluster):
-            text = await probe.metrics(address(cluster, peer_id))
-            accepts += sum(
-                float(line.rpartition(" ")[2])
-                for line in text.splitlines()
-                if line.startswith("sr3_peer_requests_total{")
-                and 'route="/v1/paxos/accept/' in line
-            )
+        accepts = await served_accepts(probe, cluster)
     assert accepts == 5 * len(keys), accepts
+
+
+async def served_accepts(probe: HttpProbe, cluster: LocalCluster) -> float:
+    """Record accepts served by all the peers of ``cluster`` so far."""
+    accepts = 0.0
+    for peer_id in ids(cluster):
+        text = await probe.metrics(address(cluster, peer_id))
+        accepts += sum(
+            float(line.rpartition(" ")[2])
+            for line in text.splitlines()
+            if line.startswith("sr3_peer_requests_total{") and 'route="/v1/paxos/accept/' in line
+        )
+    return accepts
+
+
+async def test_repair_leaves_what_was_just_written_to_the_writer_s_own_requests(
+    make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Breaks: a create's fast-round accepts, and a chunk's PUTs, reach the first of
+    their peers well before the others (a writer slow to reach them), while that peer's
+    repair rounds run. Must hold: its repair pushes neither while the writer's own
+    requests may still be on their way (it counts the pushes it deferred); once they have
+    landed, the record goes only to the acceptor the writer did not ask (five accepts
+    served in all, not one more per acceptor the writer was about to reach) and the chunk
+    to nobody (no byte pushed)."""
+    # Room to spare on a loaded machine between the first requests and the others.
+    cluster = make_cluster(5, peer_flags=peer_flags(rng, extra=["--repair-settle", "10"]))
+    key = "settle/0"
+    value = Value(1, b"written", op="5e")
+    body = paxos.encode_slot(Slot(paxos.FAST, paxos.FAST, value))
+    chunk_id, stored = codec.encode(rng.randbytes(64 * KIB))
+    holders = preference(cluster, ids(cluster), chunk_id)
+    async with HttpProbe(cluster.secret) as probe:
+        acceptors = await acceptors_of(probe, address(cluster, ids(cluster)[0]), key)
+        assert len(acceptors) == 5, acceptors
+        path = records_api.accept_path(key, paxos.FAST.wire(), paxos.view_digest(acceptors))
+
+        async def accept(peer_id: str) -> None:
+            answer = await probe.signed(address(cluster, peer_id), "POST", path, body=body)
+            assert answer.status == 200, (peer_id, answer.status, answer.body[:300])
+
+        async def put(peer_id: str) -> None:
+            answer = await probe.signed(
+                address(cluster, peer_id), "PUT", api.chunk_path(chunk_id), body=stored
+            )
+            assert answer.status == 201, (peer_id, answer.status, answer.body[:300])
+
+        async def repair(peer_id: str) -> dict[str, Any]:
+            info: dict[str, Any] = (await probe.info(address(cluster, peer_id)))["repair"]
+            return info
+
+        firsts = {acceptors[0], holders[0]}
+        await asyncio.gather(accept(acceptors[0]), put(holders[0]))
+        rounds_then = {p: (await repair(p))["rounds"] for p in firsts}
+
+        async def rounds_after() -> tuple[bool, object]:
+            rounds = {p: (await repair(p))["rounds"] for p in firsts}
+            return all(rounds[p] >= rounds_then[p] + 2 for p in firsts), rounds
+
+        # A whole round of each first peer's repair runs with the record or chunk there.
+        await wait_for(f"two repair rounds on {sorted(firsts)}", rounds_after)
+        await asyncio.gather(
+            *(accept(peer_id) for peer_id in acceptors[1:4]),
+            *(put(peer_id) for peer_id in holders[1:]),
+        )
+
+        async def on_every_acceptor() -> tuple[bool, object]:
+            held = {}
+            for peer_id in acceptors:
+                raw = await probe.signed(
+                    address(cluster, peer_id), "GET", records_api.record_raw_path(key)
+                )
+                held[peer_id] = paxos.decode_slot(raw.body, api.RECORD_BYTES_MAX)[0].value
+            return all(v == value for v in held.values()), held
+
+        await wait_for("every acceptor holds the record", on_every_acceptor)
+        await asyncio.sleep(3 * REPAIR_INTERVAL_S)
+        accepts = await served_accepts(probe, cluster)
+        reports = {p: await repair(p) for p in ids(cluster)}
+    assert accepts == 5, accepts
+    assert sum(r["bytes_pushed_total"] for r in reports.values()) == 0, reports
+    # Four record pushes and two chunk pushes a round, for at least two rounds.
+    assert sum(r["pushes_deferred_total"] for r in reports.values()) >= 12, reports
+
+
+async def test_repair_asks_about_every_record_past_one_query_s_worth(
+    rng: random.Random, tmp_path: Path
+) -> None:
+    """Breaks: two peers each hold the same record slots, more of them than one versions
+    query names (``api.LIST_LIMIT_MAX``), written while the peers were stopped (a large
+    state store's records). Must hold: each peer's repair asks the other about every key,
+    in as many queries as it takes, and so sends no accept: both already hold every slot
+    at the same ballot."""
+    keys = api.LIST_LIMIT_MAX + 50
+    with tempfile.TemporaryDirectory(dir=MEMORY_DIR or tmp_path) as home:
+        cluster = start_cluster(Path(home) / "cluster", 2, peer_flags=peer_flags(rng))
+        try:
+            await _records_past_one_query(cluster, keys)
+        finally:
+            cluster.down(purge=True)
+
+
+async def _records_past_one_query(cluster: LocalCluster, keys: int) -> None:
+    for peer_id in ids(cluster):
+        cluster.stop(peer_id)
+    first, second = (Path(cluster.peer(p).data_dir) for p in ids(cluster))
+    store = RecordStore(first)
+    store.open()
+    value = Value(1, b"state", op="5e")
+    for index in range(keys):
+        await store.accept(f"many/{index:06d}", paxos.FAST, value)
+    shutil.copytree(first / "records", second / "records", dirs_exist_ok=True)
+    cluster.start()
+    async with HttpProbe(cluster.secret) as probe:
+
+        async def three_rounds() -> tuple[bool, object]:
+            rounds = {
+                p: (await probe.info(address(cluster, p)))["repair"]["rounds"] for p in ids(cluster)
+            }
+            return all(r >= 3 for r in rounds.values()), rounds
+
+        await wait_for("three repair rounds on each peer", three_rounds)
+        assert (await probe.info(address(cluster, ids(cluster)[0])))["record_count"] == keys
+        assert await served_accepts(probe, cluster) == 0
 
 
 async def test_a_joining_peer_takes_about_one_nth_of_the_data_and_nothing_else_moves(

@@ -19,6 +19,7 @@ from ring.config import parse_size
 from ring.errors import ConfigError, ProtocolError
 from ring.peer_config import RENAME_ABANDONED_S_DEFAULT, RENAME_SWEEP_INTERVAL_S_DEFAULT
 from ring.placement import VNODES_DEFAULT
+from ring.records import CHANGES_KEPT_S
 from ring.tls import ServerTls
 from sr3.cli._shared import (
     fail_cleanly,
@@ -75,6 +76,10 @@ def _seeds(text: str) -> tuple[str, ...]:
 @click.option("--gossip-interval", default=1.0, show_default=True, type=click.FloatRange(0.05))
 @click.option("--repair-interval", default=10.0, show_default=True, type=click.FloatRange(0.05))
 @click.option("--repair-rate", default="64MB/s", show_default=True, help="Repair bandwidth cap.")
+@click.option(
+    "--repair-settle", default=2.0, show_default=True, type=click.FloatRange(0, CHANGES_KEPT_S),
+    help="Seconds repair leaves a chunk or record just written here to its writer's own copies.",
+)  # fmt: skip
 @click.option(
     "--scrub-rate", default="8MB/s", show_default=True,
     help="Scrubber read rate cap (0: no scrubbing).",
@@ -174,11 +179,11 @@ def peer(
     advertise_networks: str, data_dir: Path | None, seeds: str, zone: str, replication: int,
     write_quorum: int, vnodes: int, zone_aware: bool, capacity: str | None, failure_timeout: float,
     removal_grace: float, gossip_interval: float, repair_interval: float, repair_rate: str,
-    scrub_rate: str, scrub_interval: float, gc_interval: float, gc_grace: float,
-    tombstone_ttl: float, rename_sweep_interval: float, rename_abandoned_after: float,
-    overlay: bool, direct_io: bool, rng_seed: int | None, egress_rate: str,
-    added_latency_ms: float, admin_kill: bool, secret_file: Path | None, tls_cert: Path | None,
-    tls_key: Path | None, tls_ca: Path | None, tls_client_certs: bool,
+    repair_settle: float, scrub_rate: str, scrub_interval: float, gc_interval: float,
+    gc_grace: float, tombstone_ttl: float, rename_sweep_interval: float,
+    rename_abandoned_after: float, overlay: bool, direct_io: bool, rng_seed: int | None,
+    egress_rate: str, added_latency_ms: float, admin_kill: bool, secret_file: Path | None,
+    tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None, tls_client_certs: bool,
     tls_check_interval: float, log_level: str,
 ) -> None:  # fmt: skip
     """Run one storage peer in the foreground until SIGTERM or Ctrl-C (`sr3 peer leave`
@@ -217,6 +222,7 @@ def peer(
         failure_timeout_s=failure_timeout,
         removal_grace_s=removal_grace, gossip_interval_s=gossip_interval,
         repair_interval_s=repair_interval, repair_rate_bytes_s=parse_rate(repair_rate),
+        repair_settle_s=repair_settle,
         scrub_rate_bytes_s=parse_rate(scrub_rate), scrub_interval_s=scrub_interval,
         gc_interval_s=gc_interval, gc_grace_s=gc_grace,
         tombstone_ttl_s=tombstone_ttl, rename_sweep_interval_s=rename_sweep_interval,
