@@ -37,6 +37,7 @@ from recovery.plan import PLAN_DEPTH_MAX, PLAN_NODES_MAX, PlanNode
 from ring import api, codec
 from ring.errors import AuthError, ChunkCorrupt, PeerError, PeerUnavailable, ProtocolError
 from ring.node import Node
+from ring.peer_answers import body_of
 from ring.replicas import read_from_replicas
 
 __all__ = [
@@ -96,7 +97,7 @@ class Relay:
         self.streams = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        plan = parse_plan(await request.read(), self.node.config.peer_id)
+        plan = parse_plan(body_of(request), self.node.config.peer_id)
         if self.streams >= STREAMS_MAX:
             raise web.HTTPServiceUnavailable(text=f"{STREAMS_MAX} recovery streams running")
         self.streams += 1

@@ -19,6 +19,7 @@ from ring.cluster import Configuration, parse_cluster_answer, suspects_body
 from ring.errors import ProtocolError
 from ring.metadata import Decided, Metadata, NotVoter, Unready
 from ring.paxos import Ballot, Preempted, Slot
+from ring.peer_answers import body_of
 from ring.steward import Steward
 
 __all__ = ["cluster_routes"]
@@ -68,7 +69,7 @@ class _ClusterHandlers:
         return web.json_response(answer.to_json())
 
     async def learn(self, request: web.Request) -> web.Response:
-        answer = parse_cluster_answer(api.parse_json_object(await request.read()))
+        answer = parse_cluster_answer(api.parse_json_object(body_of(request)))
         await self.metadata.learn_answer(answer)
         return web.json_response({"epoch": self.metadata.epoch})
 
@@ -87,7 +88,7 @@ class _ClusterHandlers:
         epoch, ballot = _epoch_query(request), Ballot.parse(request.query.get("ballot"))
         if ballot == paxos.FAST:
             raise ProtocolError("configuration rounds take classic ballots only")
-        config = Configuration.decode(await request.read())
+        config = Configuration.decode(body_of(request))
         outcome = await self.metadata.accept(epoch, ballot, config)
         if not isinstance(outcome, Slot):
             return _refusal(outcome)

@@ -40,8 +40,10 @@ from ring.metrics import PeerMetrics, watch_node
 from ring.node import Node
 from ring.paxos import Ballot, Preempted
 from ring.peer_answers import (
+    BODY,
     CLIENT_CLOSED,
     Leaving,
+    body_of,
     client_gone,
     error_answer,
     preempted_answer,
@@ -62,8 +64,6 @@ AppExtension = Callable[[web.Application, Node], None]
 
 # Where a handler of a streamed-body route finds the body digest the request signed.
 SIGNED_BODY_DIGEST = "sr3.signed_body_digest"
-# Where the chunk PUT handler finds the body the guard read and checked (``read_body``).
-CHUNK_BODY = "sr3.chunk_body"
 
 
 def _canonical(route: Route) -> tuple[str, str]:
@@ -194,11 +194,12 @@ class Peer:
             # Read (bounded) and checked against the digest by the handler as it goes.
             request[SIGNED_BODY_DIGEST] = digest
             return
-        if (request.method, _pattern(request)) == _CHUNK_PUT:
-            body: bytes | None = await read_body(request, codec.STORED_BYTES_MAX)
-            request[CHUNK_BODY] = body
-        else:
-            body = await request.read() if request.body_exists else None
+        # Read once, here, for the handler (``body_of``): a declared length over the
+        # route's bound is refused 413 before any of the body is read.
+        chunk = (request.method, _pattern(request)) == _CHUNK_PUT
+        limit = codec.STORED_BYTES_MAX if chunk else api.REQUEST_BYTES_MAX
+        body = await read_body(request, limit) if request.body_exists else None
+        request[BODY] = body
         self.verifier.verify_body(digest, body)
 
     # -- peer and membership -------------------------------------------------------------
@@ -302,7 +303,7 @@ class Peer:
         return web.json_response(api.members_answer(table.entries(), states))
 
     async def gossip(self, request: web.Request) -> web.Response:
-        answer = self.node.gossiper.receive(await request.read())
+        answer = self.node.gossiper.receive(body_of(request))
         return web.Response(body=answer, content_type="application/json")
 
     async def leave(self, request: web.Request) -> web.Response:
@@ -356,7 +357,7 @@ class Peer:
         self._refuse_if_leaving()
         chunk_id = self._chunk_id(request)
         hint = api.parse_hint(request.query.get("hint"))
-        stored = request[CHUNK_BODY]
+        stored = body_of(request)
         created = await self.chunks.put(chunk_id, stored)
         if hint is not None and hint != self.config.peer_id:
             try:
@@ -391,7 +392,7 @@ class Peer:
         return web.Response(status=200, headers={api.HEADER_STORED_BYTES: str(size)})
 
     async def chunks_exist(self, request: web.Request) -> web.Response:
-        ids, with_sizes = api.parse_exists_request(await request.read())
+        ids, with_sizes = api.parse_exists_request(body_of(request))
         held = not self._leaving()
         present = [item for item in ids if held and self.chunks.has(item)]
         answer: dict[str, Any] = {"present": present}
@@ -461,7 +462,7 @@ class Peer:
         )  # fmt: skip
 
     async def record_versions(self, request: web.Request) -> web.Response:
-        keys = [validate_key(key) for key in records_api.parse_keys_request(await request.read())]
+        keys = [validate_key(key) for key in records_api.parse_keys_request(body_of(request))]
         held = not self._leaving()
         versions: dict[str, int] = {}
         ballots: dict[str, str] = {}
@@ -510,7 +511,7 @@ class Peer:
         key = validate_key(request.match_info["key"])
         ballot = Ballot.parse(request.query.get("ballot"))
         following = request.query.get("next")
-        proposal, _meta = paxos.decode_slot(await request.read(), api.RECORD_BYTES_MAX)
+        proposal, _meta = paxos.decode_slot(body_of(request), api.RECORD_BYTES_MAX)
         outcome = await self.node.acceptor.accept(
             key,
             ballot,

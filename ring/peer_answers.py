@@ -23,8 +23,8 @@ from ring.errors import (
 from ring.paxos import Preempted
 
 __all__ = [
-    "CLIENT_CLOSED", "Leaving", "client_gone", "error_answer", "preempted_answer", "read_body",
-    "translate",
+    "BODY", "CLIENT_CLOSED", "Leaving", "body_of", "client_gone", "error_answer",
+    "preempted_answer", "read_body", "translate",
 ]  # fmt: skip
 
 log = logging.getLogger("ring.peer")
@@ -79,6 +79,17 @@ def client_gone(request: web.Request, exc: Exception) -> bool:
     peer read its body or wrote the answer), not from the peer."""
     transport = request.transport
     return isinstance(exc, ConnectionError) and (transport is None or transport.is_closing())
+
+
+# Where a handler finds the body the peer's guard read (``read_body``) and checked
+# against the request's signature: every route's but those that stream theirs.
+BODY = "sr3.body"
+
+
+def body_of(request: web.Request) -> bytes:
+    """The body the guard read and checked (empty: none was sent)."""
+    body: bytes | None = request[BODY]
+    return body or b""
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

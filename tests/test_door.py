@@ -18,7 +18,7 @@ import pytest
 from support import HttpProbe, MakeCluster, chunk_file, chunk_holders, metric_value
 from yarl import URL
 
-from ring import codec, paxos, records_api
+from ring import api, codec, paxos, records_api
 from ring.auth import BodyDigest
 from ring.client import Client
 from ring.client.chunks import ChunkIO
@@ -142,6 +142,49 @@ async def test_a_client_that_hangs_up_mid_body_is_counted_499_not_500(
         assert _five_xx_but_not_ready(text) == 0, _five_xx_routes(text)
         assert 'status="500"' not in text
         assert (await probe.signed(address, "HEAD", path)).status == 404
+        assert await probe.health(address) == 200
+    assert "Traceback" not in _log(cluster)
+
+
+def _send_and_read_answer(address: str, head: bytes, body: bytes) -> bytes:
+    """Send ``head`` and the start of a body, keep the connection open, and return what
+    the peer answers within ``WAIT_S`` (empty: nothing, it waits for the rest)."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        sock.sendall(head + body)
+        try:
+            return sock.recv(65536)
+        except TimeoutError:
+            return b""
+
+
+async def test_a_body_declared_longer_than_its_route_takes_is_refused_before_it_is_sent(
+    make_cluster: MakeCluster,
+) -> None:
+    """Breaks: signed requests to a buffered route that is not a chunk PUT (which chunks
+    a peer holds, a record accept) declare a body one byte over what a peer buffers
+    (``api.REQUEST_BYTES_MAX``), send 1 KiB of it and wait (was: the peer read on,
+    waiting for bytes it would refuse once they came). Must hold: each is answered 413 at
+    once, counted 413, not 5xx, and the peer keeps serving."""
+    cluster = make_cluster(1, replication=1, write_quorum=1)
+    address = cluster.cluster.addresses[0]
+    declared = api.REQUEST_BYTES_MAX + 1
+    paths = [
+        ("POST", api.CHUNKS_EXIST.pattern),
+        ("POST", records_api.accept_path("door/long", paxos.FAST.wire(), "00ff")),
+    ]
+    async with HttpProbe(cluster.secret) as probe:
+        for method, path in paths:
+            headers = probe.signer.headers(method, path, b"{}", target=address)
+            lines = [f"{method} {path} HTTP/1.1", f"Host: {address}"]
+            lines += [f"Content-Length: {declared}"]
+            lines += [f"{name}: {value}" for name, value in headers.items()]
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+            answer = await asyncio.to_thread(_send_and_read_answer, address, head, b"{" * 1024)
+            assert answer.startswith(b"HTTP/1.1 413 "), (path, answer[:200])
+        text = await probe.metrics(address)
+        assert text.count('status="413"} 1.0') == 2, text
+        assert _five_xx_but_not_ready(text) == 0, _five_xx_routes(text)
         assert await probe.health(address) == 200
     assert "Traceback" not in _log(cluster)
 
