@@ -72,8 +72,8 @@ from spark_connector.catalog import latest_batch
 from spark_connector.manifest import Manifest
 from spark_connector.restore import read_manifest
 from sr3.local import LocalCluster
+from sr3.process_group import group_pids, kill_group
 from sr3.standby_app import StandbyJob, read_events
-from sr3.standby_drill import group_pids, kill_group
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent

@@ -31,7 +31,6 @@ import importlib.util
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from ring.errors import ConfigError, SR3Error
 from ring.files import file_digest
 from spark_connector.sync import StateSync
 from sr3.local import BASE_PORT_DEFAULT, LocalCluster
+from sr3.process_group import kill_group
 from sr3.spark_demo import JobArgs, Output, ResumeResult, Row, read_output, write_inputs
 from sr3.statedata import write_state_file
 
@@ -59,7 +59,6 @@ POLL_S = 0.2
 # Bounds on the drivers, generous for a busy two-core machine: Spark starts, then batches.
 SPARK_START_S_MAX = 90.0
 BATCH_S_MAX = 4.0
-GROUP_EXIT_S_MAX = 10.0
 LOG_TAIL_LINES = 30
 DIFFERENCES_SHOWN = 10
 
@@ -219,7 +218,7 @@ def _spark_story(
             f"Spark start and batches 0..{ring_batch} pushed as they committed",
         )  # fmt: skip
         begin = time.monotonic()
-        _kill_group(driver)
+        kill_group(driver)
         committed = _newest_commit(Path(job.checkpoint_dir))
         timeline.add(
             "driver killed", time.monotonic() - begin,
@@ -319,7 +318,7 @@ def _driver(
     try:
         yield process
     finally:
-        _kill_group(process)
+        kill_group(process)
 
 
 def _wait_for_batch(
@@ -347,36 +346,6 @@ def _wait_for_batch(
             time.sleep(POLL_S)
     finally:
         watcher.close()
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL every process of the group ``process`` leads and wait until none runs."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(GROUP_EXIT_S_MAX)
-    deadline = time.monotonic() + GROUP_EXIT_S_MAX
-    while _group_alive(process.pid):
-        if time.monotonic() > deadline:
-            raise SR3Error(f"process group {process.pid} still runs after SIGKILL")
-        time.sleep(0.05)
-
-
-def _group_alive(group_id: int) -> bool:
-    """Whether a process of the group still runs (zombies waiting for a reaper do not)."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(group_id, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    for stat_path in proc.glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")".
-            state, _ppid, group = stat_path.read_text().rpartition(")")[2].split()[:3]
-            if int(group) == group_id and state not in ("Z", "X"):
-                return True
-    return False
 
 
 def _newest_commit(checkpoint_dir: Path) -> int | None:

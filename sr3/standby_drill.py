@@ -55,6 +55,7 @@ from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, 
 from sr3.demo import work_home
 from sr3.drills import DRILL_PEER_FLAGS
 from sr3.local import LocalCluster
+from sr3.process_group import kill_group
 from sr3.spark_demo import Output, Row, read_output, write_inputs
 from sr3.standby_app import SINKS, StandbyJob, read_events
 
@@ -63,8 +64,6 @@ __all__ = [
     "StandbyDrillOptions",
     "StandbyDrillReport",
     "committed_parquet_files",
-    "group_pids",
-    "kill_group",
     "merge_outputs",
     "run_standby_drill",
 ]
@@ -84,7 +83,6 @@ POLL_S = 0.2
 SPARK_START_S_MAX = 150.0
 BATCH_S_MAX = 5.0
 TAKEOVER_S_MAX = 90.0  # after the lease lapsed: catch-up, query start, first batch
-GROUP_EXIT_S_MAX = 10.0
 LOG_TAIL_LINES = 30
 DIFFERENCES_MAX = 10
 
@@ -348,33 +346,6 @@ def _launched(name: str, job: StandbyJob, env: dict[str, str], home: Path) -> It
         yield _App(name, job, process, log_path)
     finally:
         kill_group(process)
-
-
-def kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL every process of the group ``process`` leads, and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    try:
-        process.wait(GROUP_EXIT_S_MAX)
-    except subprocess.TimeoutExpired:
-        raise SR3Error(f"process {process.pid} still runs after SIGKILL") from None
-    deadline = time.monotonic() + GROUP_EXIT_S_MAX
-    while group_pids(process.pid):
-        if time.monotonic() > deadline:
-            raise SR3Error(f"process group {process.pid} still runs after SIGKILL")
-        time.sleep(0.05)
-
-
-def group_pids(group_id: int) -> list[int]:
-    """The live processes of a group (zombies left out)."""
-    pids = []
-    for stat_path in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError):
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")".
-            state, _ppid, group = stat_path.read_text().rpartition(")")[2].split()[:3]
-            if int(group) == group_id and state not in ("Z", "X"):
-                pids.append(int(stat_path.parent.name))
-    return pids
 
 
 def _wait_for(

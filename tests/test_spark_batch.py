@@ -35,7 +35,7 @@ from ring.client import Client
 from sr3.batch_app import MODES, BatchJob, BatchResult
 from sr3.cluster_app import application_env
 from sr3.local import LocalCluster
-from sr3.standby_drill import group_pids
+from sr3.process_group import group_pids
 
 pytestmark = pytest.mark.slow
 
