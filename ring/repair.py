@@ -332,8 +332,15 @@ class Repairer:
         ballots: dict[str, dict[str, Ballot | None]] = {
             key: {self.me: _own_ballot(self.records.accepted(key))} for key in keys
         }
+        # All peers at once, as for chunks: a slow peer costs the round its own timeout,
+        # not one per peer asked after it.
+        async with asyncio.TaskGroup() as queries:
+            tasks = {
+                peer_id: queries.create_task(self._ballots(members[peer_id], peer_keys))
+                for peer_id, peer_keys in asked.items()
+            }
         for peer_id, peer_keys in asked.items():
-            answer = await self._ballots(members[peer_id], peer_keys)
+            answer = tasks[peer_id].result()
             if answer is None:
                 live.discard(peer_id)
                 continue
