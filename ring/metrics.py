@@ -93,6 +93,11 @@ def watch_node(metrics: PeerMetrics, node: Node) -> None:
         lambda: node.repairer.totals.extra_copies_deleted,
     )
     gauge(
+        "sr3_repair_pushes_deferred",
+        "Pushes repair left to the next round: written here less than --repair-settle ago.",
+        lambda: node.repairer.totals.pushes_deferred,
+    )
+    gauge(
         "sr3_scrub_bytes_verified",
         "Bytes re-verified by the scrubber.",
         lambda: node.scrubber.stats.bytes_verified,

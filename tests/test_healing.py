@@ -575,10 +575,17 @@ async def test_repair_leaves_what_was_just_written_to_the_writer_s_own_requests(
         await asyncio.sleep(3 * REPAIR_INTERVAL_S)
         accepts = await served_accepts(probe, cluster)
         reports = {p: await repair(p) for p in ids(cluster)}
+        deferred_metric = sum(
+            [
+                metric_value(await probe.metrics(address(cluster, p)), "sr3_repair_pushes_deferred")
+                for p in ids(cluster)
+            ]
+        )
     assert accepts == 5, accepts
     assert sum(r["bytes_pushed_total"] for r in reports.values()) == 0, reports
     # Four record pushes and two chunk pushes a round, for at least two rounds.
     assert sum(r["pushes_deferred_total"] for r in reports.values()) >= 12, reports
+    assert deferred_metric >= 12, deferred_metric
 
 
 async def test_repair_asks_about_every_record_past_one_query_s_worth(
