@@ -68,6 +68,9 @@ TOMBSTONE_TTL_S_DEFAULT = 7 * 24 * 3600.0
 # How long a change is remembered in memory (``changed_within``): repair asks about the
 # last seconds only, and this bounds the memory to the keys written in that time.
 CHANGES_KEPT_S = 60.0
+# Changes older than that forgotten per write at most: more than one, so that forgetting
+# keeps up with writing, and few, so that a write's cost stays bounded.
+CHANGES_FORGOTTEN_PER_WRITE = 64
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]*$")
 # Records written before consensus count as accepted at the lowest classic ballot.
 LEGACY_BALLOT = Ballot(1, "0")
@@ -474,7 +477,8 @@ class RecordStore:
         self._changed.pop(key, None)
         self._changed[key] = now
         forget_before = now - CHANGES_KEPT_S
-        for oldest, changed in list(itertools.islice(self._changed.items(), 64)):
+        oldest_first = itertools.islice(self._changed.items(), CHANGES_FORGOTTEN_PER_WRITE)
+        for oldest, changed in list(oldest_first):
             if changed > forget_before:
                 break
             del self._changed[oldest]

@@ -46,9 +46,9 @@ log = logging.getLogger(__name__)
 
 BATCH_IDS_MAX = api.EXISTS_IDS_MAX
 BATCH_KEYS_MAX = api.LIST_LIMIT_MAX  # record keys per versions query
+PUSH_BATCH_MAX = 64
 
 _T = TypeVar("_T")
-PUSH_BATCH_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
