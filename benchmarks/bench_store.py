@@ -27,7 +27,7 @@ durable), the baseline's does not. Run from the repository root:
     python benchmarks/bench_store.py [--size 1GiB] [--peers 5] [--repeat 1]
                                      [--out benchmarks/results/store.json]
 
-``--baseline-server PORT DIR`` is the baseline server's own entry point (used internally).
+The baseline server is ``baseline_server.py``, in its own process.
 """
 
 from __future__ import annotations
@@ -39,14 +39,10 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -56,10 +52,9 @@ from typing import Any, TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp
-from aiohttp import web
+from baseline_server import start_baseline_server, stop_process
 
 from ring.client import Client, ClientOptions
-from ring.codec import CHUNK_BYTES_MAX
 from ring.config import parse_size
 from ring.heap import keep_buffers
 from sr3.local import LocalCluster
@@ -74,9 +69,6 @@ TARGET_READ_RATIO = 0.9
 # TLS on every hop against the same without (issue 27): write and read.
 TARGET_TLS_RATIO = 0.8
 HASH_BLOCK_BYTES = 8 * 1024 * 1024
-SERVER_START_TIMEOUT_S = 30.0
-SERVER_STOP_TIMEOUT_S = 10.0
-BASELINE_BODY_BYTES_MAX = CHUNK_BYTES_MAX + 1024 * 1024
 REPLICATION = 3
 SETTLE_S_DEFAULT = 10.0
 WRITE_QUORUM = 2
@@ -160,86 +152,6 @@ async def timed(
     seconds = time.perf_counter() - started
     client_cpu_s = _delta(cpu_seconds(os.getpid()), client_before)
     return result, Phase(seconds, client_cpu_s, _delta(cpu_sum(server_pids), servers_before))
-
-
-# -- baseline server (its own process) ---------------------------------------------------
-
-
-def run_baseline_server(port: int, directory: Path) -> None:
-    """Serve ``PUT``/``GET /obj/{n}`` from ``directory`` until terminated."""
-
-    def object_path(request: web.Request) -> Path:
-        return directory / request.match_info["n"]
-
-    async def put_object(request: web.Request) -> web.Response:
-        body = await request.read()
-        await asyncio.to_thread(object_path(request).write_bytes, body)
-        return web.Response(status=201)
-
-    async def get_object(request: web.Request) -> web.StreamResponse:
-        path = object_path(request)
-        if not path.is_file():
-            return web.Response(status=404)
-        return web.FileResponse(path)
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    directory.mkdir(parents=True, exist_ok=True)
-    app = web.Application(client_max_size=BASELINE_BODY_BYTES_MAX)
-    app.router.add_put(r"/obj/{n:\d+}", put_object)
-    app.router.add_get(r"/obj/{n:\d+}", get_object)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=0.5) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        if process.poll() is not None:
-            raise RuntimeError(f"baseline server exited with code {process.returncode}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"baseline server not healthy after {SERVER_START_TIMEOUT_S} s")
-        time.sleep(0.05)
-
-
-def start_baseline_server(directory: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    with open(log_path, "ab") as log_handle:
-        process = subprocess.Popen(
-            [sys.executable, __file__, "--baseline-server", str(port), str(directory)],
-            stdin=subprocess.DEVNULL,
-            stdout=log_handle,
-            stderr=subprocess.STDOUT,
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(f"{base_url}/health", process)
-    except BaseException:
-        stop_process(process)
-        raise
-    return process, base_url
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(SERVER_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(SERVER_STOP_TIMEOUT_S)
 
 
 # -- baseline client ---------------------------------------------------------------------
@@ -601,13 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep chunk buffers in this process, which runs both clients (ring.heap)",
     )
-    parser.add_argument(
-        "--baseline-server", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
-    )
     args = parser.parse_args(argv)
-    if args.baseline_server:
-        run_baseline_server(int(args.baseline_server[0]), Path(args.baseline_server[1]))
-        return 0
     size_bytes = parse_size(args.size)
     if size_bytes <= 0 or args.peers < REPLICATION or args.repeat < 1 or args.settle_s < 0:
         parser.error("--size must be positive, --peers at least 3 (R=3), --repeat at least 1")
