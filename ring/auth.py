@@ -175,8 +175,16 @@ class BodyDigest:
         return hmac.compare_digest(digest_of(body, self.algorithm).hex, self.hex)
 
 
-def digest_of(body: bytes | memoryview | None, algorithm: DigestAlgorithm = "blake3") -> BodyDigest:
-    """The digest of ``body`` (b"" when None) with ``algorithm``."""
+def digest_of(
+    body: bytes | memoryview | tuple[bytes, ...] | None, algorithm: DigestAlgorithm = "blake3"
+) -> BodyDigest:
+    """The digest of ``body`` (b"" when None; a tuple of parts: of their concatenation)
+    with ``algorithm``."""
+    if isinstance(body, tuple):
+        hasher: Hasher = hashlib.sha256() if algorithm == "sha256" else blake3.blake3()
+        for part in body:
+            hasher.update(part)
+        return BodyDigest(algorithm, hasher.hexdigest())
     if algorithm == "sha256":
         return BodyDigest("sha256", hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256)
     return BodyDigest("blake3", blake3.blake3(body).hexdigest() if body else EMPTY_BLAKE3)
@@ -302,7 +310,7 @@ class Signer:
         self,
         method: str,
         path_qs: str,
-        body: bytes | memoryview | None = None,
+        body: bytes | memoryview | tuple[bytes, ...] | None = None,
         *,
         target: str = ANY_TARGET,
         digest: BodyDigest | None = None,

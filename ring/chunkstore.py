@@ -17,7 +17,8 @@ duplicate write. A file that fails any check is moved to ``<data>/quarantine`` (
 evidence stays), counted and reported, never served; a later write of the same id
 stores a good copy in its place.
 
-Blocking file I/O runs in worker threads, at most ``io_concurrency`` at a time.
+Blocking file I/O runs in worker threads, at most ``io_concurrency`` at a time; a new
+chunk's content check runs in the same worker call as its write.
 """
 
 from __future__ import annotations
@@ -171,26 +172,33 @@ class ChunkStore:
         if chunk_id in self._index and await self._holds_good_copy(chunk_id):
             self._last_stored[chunk_id] = self._clock()
             return False
-        await asyncio.to_thread(codec.check_before_write, stored, chunk_id)
-        if (
-            self._capacity_bytes is not None
-            and self._stored_bytes + len(stored) > self._capacity_bytes
-        ):
-            raise StorageFull(
-                f"storing {len(stored)} bytes would exceed the capacity of "
-                f"{self._capacity_bytes} bytes ({self._stored_bytes} used)"
-            )
         write_file = self._write_file
         assert write_file is not None, "the chunk store is used before open()"
-        async with self._io:
+
+        def check_and_write() -> None:
+            # One hand-off to a worker thread for both: each costs the event loop a
+            # wake-up, and every replica takes every chunk.
+            codec.check_before_write(stored, chunk_id)
+            self._ensure_room(len(stored))
             with storage_full(f"storing chunk {chunk_id}"):
-                await asyncio.to_thread(write_file, self._tmp_dir, self._path(chunk_id), stored)
+                write_file(self._tmp_dir, self._path(chunk_id), stored)
+
+        async with self._io:
+            await asyncio.to_thread(check_and_write)
         if chunk_id not in self._index:
             self._index[chunk_id] = len(stored)
             self._stored_bytes += len(stored)
         self._verified.add(chunk_id)
         self._last_stored[chunk_id] = self._clock()
         return True
+
+    def _ensure_room(self, size: int) -> None:
+        """``StorageFull`` unless ``size`` more bytes fit within the capacity."""
+        if self._capacity_bytes is not None and self._stored_bytes + size > self._capacity_bytes:
+            raise StorageFull(
+                f"storing {size} bytes would exceed the capacity of "
+                f"{self._capacity_bytes} bytes ({self._stored_bytes} used)"
+            )
 
     async def _holds_good_copy(self, chunk_id: str) -> bool:
         """Whether the copy here is good: verified, or checked in full now (one that

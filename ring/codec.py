@@ -162,6 +162,16 @@ def encode(
     """Return ``(chunk_id, stored_form)`` for raw chunk bytes: compressed when
     ``compress`` and it pays, at the level a sample chooses (``compression_level``;
     without ``sample``, the whole chunk is tried at ``ZSTD_LEVEL``)."""
+    chunk_id, header, payload = encode_parts(raw, compress=compress, sample=sample)
+    return chunk_id, header + payload
+
+
+def encode_parts(
+    raw: bytes | memoryview, *, compress: bool = True, sample: bool = True
+) -> tuple[str, bytes, bytes]:
+    """``encode`` as ``(chunk_id, header, payload)``: the stored form is the header
+    followed by the payload, for a writer that sends them without joining them. The
+    payload never shares memory with ``raw``."""
     if len(raw) > CHUNK_BYTES_MAX:
         raise ChunkTooLarge(f"chunk of {len(raw)} bytes is above the limit of {CHUNK_BYTES_MAX}")
     digest = xxhash.xxh3_128_digest(raw)
@@ -184,7 +194,7 @@ def encode(
         xxhash.xxh3_64_intdigest(payload),
         digest,
     )
-    return digest.hex(), header + bytes(payload)
+    return digest.hex(), header, bytes(payload)
 
 
 def parse_header(stored: bytes | memoryview) -> StoredHeader:

@@ -72,8 +72,30 @@ class Timeouts:
     read_s: float = 30.0
 
 
+# A request body: bytes, or parts sent one after the other (a chunk's header and its
+# payload, never joined in memory).
+Body = bytes | tuple[bytes, ...]
+
+
+def body_size(body: Body | None) -> int:
+    if body is None:
+        return 0
+    return len(body) if isinstance(body, bytes) else sum(len(part) for part in body)
+
+
+def _payload(body: Body | None) -> bytes | _SlicedBody | None:
+    """What aiohttp sends for ``body``: a large one in slices (aiohttp sends a bytes
+    body in one write and warns (ResourceWarning) that it may stall the loop)."""
+    if body is None:
+        return None
+    if body_size(body) > STREAM_BODY_BYTES_MIN:
+        return _SlicedBody(body if isinstance(body, tuple) else (body,))
+    return body if isinstance(body, bytes) else b"".join(body)
+
+
 class _SlicedBody(Payload):
-    """An immutable bytes body written in slices of ``BODY_SLICE_BYTES``, without copies.
+    """An immutable body, in parts, written in slices of ``BODY_SLICE_BYTES`` without
+    copies.
 
     aiohttp warns (ResourceWarning) that a bytes body above 1 MiB, sent in one write, may
     stall the loop. A BytesIO body avoids the warning but is copied whole on creation
@@ -82,18 +104,18 @@ class _SlicedBody(Payload):
     for the socket to drain, so the loop is never stalled either.
     """
 
-    _value: bytes
+    _value: tuple[bytes, ...]
     _autoclose = True  # in memory: nothing to close, and safe to send again on a retry
 
-    def __init__(self, value: bytes) -> None:
-        super().__init__(value, content_type="application/octet-stream")
-        self._size = len(value)
+    def __init__(self, parts: tuple[bytes, ...]) -> None:
+        super().__init__(parts, content_type="application/octet-stream")
+        self._size = body_size(parts)
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return self._value.decode(encoding, errors)
+        return b"".join(self._value).decode(encoding, errors)
 
     async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return self._value
+        return b"".join(self._value)
 
     async def write(self, writer: AbstractStreamWriter) -> None:
         await self.write_with_length(writer, None)
@@ -101,11 +123,15 @@ class _SlicedBody(Payload):
     async def write_with_length(
         self, writer: AbstractStreamWriter, content_length: int | None
     ) -> None:
-        view = memoryview(self._value)
-        if content_length is not None:
-            view = view[:content_length]
-        for offset in range(0, len(view), BODY_SLICE_BYTES):
-            await writer.write(view[offset : offset + BODY_SLICE_BYTES])
+        size = body_size(self._value)
+        left = size if content_length is None else min(content_length, size)
+        for part in self._value:
+            view = memoryview(part)[:left]
+            for offset in range(0, len(view), BODY_SLICE_BYTES):
+                await writer.write(view[offset : offset + BODY_SLICE_BYTES])
+            left -= len(view)
+            if not left:
+                return
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +222,7 @@ class Transport:
             reason += f" ({address} is {origin})"
         return PeerUnavailable(address, f"{what}: {reason}")
 
-    def digest(self, body: bytes | memoryview | None) -> BodyDigest:
+    def digest(self, body: bytes | memoryview | tuple[bytes, ...] | None) -> BodyDigest:
         """The digest a signature of ``body`` covers (compute it once per body, off the
         event loop for a large one, and pass it to every ``request`` sending it)."""
         return digest_of(body, self._signer.algorithm)
@@ -230,7 +256,7 @@ class Transport:
         method: str,
         path_qs: str,
         *,
-        body: bytes | None = None,
+        body: Body | None = None,
         body_bytes_max: int = JSON_BYTES_MAX,
         ok: tuple[int, ...] = (200, 201),
         any_target: bool = False,
@@ -245,9 +271,7 @@ class Transport:
         target = ANY_TARGET if any_target else address
         headers = self._signer.headers(method, path_qs, body, target=target, digest=body_digest)
         url = URL(f"{self._scheme}://{address}{path_qs}", encoded=True)
-        # aiohttp sends a large bytes body in one write and warns (ResourceWarning) that
-        # it may stall the loop; a large body is streamed in slices instead.
-        data = _SlicedBody(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
+        data = _payload(body)
         with self._counted(address) as in_flight:
             started = time.perf_counter()
             integral_at_start = in_flight.advance(started)
@@ -261,7 +285,7 @@ class Transport:
             shared = in_flight.advance(ended) - integral_at_start
         if response.status not in ok:
             raise _rejection(address, response)
-        self._sample(len(payload), len(body or b""), ended - started, shared)
+        self._sample(len(payload), body_size(body), ended - started, shared)
         return response
 
     @contextmanager
@@ -320,7 +344,7 @@ class Transport:
         what = f"{method} {path_qs[:60]}"
         headers = self._signer.headers(method, path_qs, body, target=address)
         url = URL(f"{self._scheme}://{address}{path_qs}", encoded=True)
-        data = _SlicedBody(body) if body is not None and len(body) > STREAM_BODY_BYTES_MIN else body
+        data = _payload(body)
         with self._counted(address):  # it shares the peer's egress with downloads
             try:
                 answer = await self._open().request(method, url, data=data, headers=headers)

@@ -78,6 +78,21 @@ def test_sha256_bodies_verify_as_blake3_ones_do() -> None:
     verifier.verify("PUT", PATH, given, BODY)
 
 
+@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
+def test_a_body_signed_in_parts_verifies_as_the_parts_joined(
+    algorithm: auth.DigestAlgorithm,
+) -> None:
+    """A chunk's header and payload are digested and sent as two parts, never joined.
+    Must hold: the signature verifies against the joined bytes, and not against others."""
+    verifier = Verifier(SECRET, Clock())
+    parts = (BODY[:5], BODY[5:])
+    headers = Signer(SECRET, Clock(), algorithm=algorithm).headers("PUT", PATH, parts)
+    assert auth.digest_of(parts, algorithm) == auth.digest_of(BODY, algorithm)
+    verifier.verify("PUT", PATH, headers, BODY)
+    with pytest.raises(AuthFailure):
+        verifier.verify("PUT", PATH, headers, BODY[5:] + BODY[:5])
+
+
 def _flip_hex(text: str) -> str:
     return ("1" if text[0] == "0" else "0") + text[1:]
 

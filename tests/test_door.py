@@ -24,6 +24,7 @@ from ring.client import Client
 from ring.client.chunks import ChunkIO
 from ring.errors import DataUnavailable
 from ring.paxos import Ballot, Slot, Value
+from ring.transport import Body
 from sr3.local import LocalCluster
 from sr3.statedata import state_bytes
 
@@ -376,7 +377,7 @@ async def test_a_writer_whose_bytes_the_replicas_refuse_encodes_them_again(
     calls: list[str] = []
     real = ChunkIO._encode
 
-    def faulty(self: ChunkIO, raw: bytes) -> tuple[str, bytes, BodyDigest]:
+    def faulty(self: ChunkIO, raw: bytes) -> tuple[str, Body, BodyDigest]:
         chunk_id, stored, digest = real(self, raw)
         calls.append(chunk_id)
         if len(calls) > 1:

@@ -31,7 +31,7 @@ from ring.client.view import Early, LatencyWindow, RingTracker, added_members
 from ring.errors import ChunkCorrupt, DataUnavailable, QuorumError
 from ring.placement import Member
 from ring.replicas import Hedge, read_from_replicas
-from ring.transport import Transport
+from ring.transport import Body, Transport
 
 __all__ = ["ChunkIO", "first_error"]
 
@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 # raw bytes, this many times in all.
 ENCODE_ATTEMPTS_MAX = 2
 REFUSED_AS_CORRUPT = "HTTP 422 chunk_corrupt"
+# A one-piece chunk at least this large is read into a buffer reused across the chunks
+# of a call (``put_sources``); smaller ones (packed files, a blob's tail) are read fresh.
+BUFFERED_READ_BYTES_MIN = 1024 * 1024
 
 
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
@@ -66,18 +69,21 @@ class ChunkIO:
     # -- one chunk ----------------------------------------------------------------------
 
     async def _put_chunk_to(
-        self, member: Member, chunk_id: str, stored: bytes, digest: BodyDigest, hint: Member | None
+        self, member: Member, chunk_id: str, stored: Body, digest: BodyDigest, hint: Member | None
     ) -> None:
         path = api.chunk_path(chunk_id, hint=hint.peer_id if hint is not None else None)
         await self._transport.request(
             member.address, api.CHUNK_PUT.method, path, body=stored, body_digest=digest
         )
 
-    def _encode(self, raw: bytes) -> tuple[str, bytes, BodyDigest]:
-        chunk_id, stored = codec.encode(raw)
+    def _encode(self, raw: bytes | memoryview) -> tuple[str, Body, BodyDigest]:
+        """The chunk's id, its stored form as header and payload (sent in turn, never
+        joined), and the digest of the whole."""
+        chunk_id, header, payload = codec.encode_parts(raw)
+        stored = (header, payload)
         return chunk_id, stored, self._transport.digest(stored)
 
-    async def store_raw_chunk(self, raw: bytes) -> str:
+    async def store_raw_chunk(self, raw: bytes | memoryview) -> str:
         """Store one chunk on W..R replicas; its id. Bytes that the replicas refuse as not
         matching their address (``chunk_corrupt``: a fault in this process after its own
         check) are encoded again from ``raw`` and sent once more."""
@@ -100,7 +106,7 @@ class ChunkIO:
         raise AssertionError("unreachable")
 
     async def _store_encoded(
-        self, chunk_id: str, stored: bytes, digest: BodyDigest
+        self, chunk_id: str, stored: Body, digest: BodyDigest
     ) -> QuorumError | None:
         """Send one encoding to the chunk's replicas: None once W acknowledged, else the
         error naming why."""
@@ -174,21 +180,29 @@ class ChunkIO:
         hashers = [xxhash.xxh3_128() for _ in sources]
         chunk_ids: list[str] = [""] * len(plans)
         slots = asyncio.Semaphore(self.options.transfers_max)
+        # Read buffers of large pieces, reused from chunk to chunk (at most one per
+        # transfer in flight): a fresh buffer per chunk costs a page fault every 4 KiB.
+        free: list[bytearray] = []
 
-        async def store(index: int, raw: bytes) -> None:
+        async def store(index: int, raw: bytes | memoryview, buffer: bytearray | None) -> None:
             try:
                 chunk_ids[index] = await self.store_raw_chunk(raw)
                 if progress is not None:
                     progress(len(raw))
             finally:
+                if buffer is not None:
+                    free.append(buffer)
                 slots.release()
 
         try:
             async with asyncio.TaskGroup() as group:
                 for index, plan in enumerate(plans):
                     await slots.acquire()
-                    raw = await asyncio.to_thread(_build_chunk, plan, sources, hashers)
-                    group.create_task(store(index, raw))
+                    buffer = None
+                    if _reads_into_buffer(plan, sources):
+                        buffer = free.pop() if free else bytearray(self.options.chunk_bytes)
+                    raw = await asyncio.to_thread(_build_chunk, plan, sources, hashers, buffer)
+                    group.create_task(store(index, raw, buffer))
         except BaseExceptionGroup as group_error:
             raise first_error(group_error) from None
         return _blob_refs(sources, plans, chunk_ids, hashers)
@@ -283,8 +297,27 @@ class ChunkIO:
                 tmp.unlink()
 
 
-def _build_chunk(plan: ChunkPlan, sources: Sequence[Source], hashers: list[Any]) -> bytes:
-    """Read a chunk's pieces and feed each source's digest, in source order."""
+def _reads_into_buffer(plan: ChunkPlan, sources: Sequence[Source]) -> bool:
+    """Whether the chunk is one piece large enough to be read into a reused buffer."""
+    if len(plan.pieces) != 1:
+        return False
+    piece = plan.pieces[0]
+    return sources[piece.source].read_into is not None and piece.length >= BUFFERED_READ_BYTES_MIN
+
+
+def _build_chunk(
+    plan: ChunkPlan, sources: Sequence[Source], hashers: list[Any], buffer: bytearray | None
+) -> bytes | memoryview:
+    """Read a chunk's pieces and feed each source's digest, in source order; a
+    one-piece chunk into ``buffer`` when given (``_reads_into_buffer``)."""
+    if buffer is not None:
+        (piece,) = plan.pieces
+        read_into = sources[piece.source].read_into
+        assert read_into is not None
+        view = memoryview(buffer)[: piece.length]
+        read_into(piece.offset, view)
+        hashers[piece.source].update(view)
+        return view
     parts = []
     for piece in plan.pieces:
         data = sources[piece.source].read(piece.offset, piece.length)

@@ -78,10 +78,14 @@ class ClientOptions:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """``size`` bytes that ``read(offset, length)`` returns (called in a worker thread)."""
+    """``size`` bytes that ``read(offset, length)`` returns (called in a worker thread).
+    ``read_into(offset, view)``, when given, fills ``view`` with the ``len(view)`` bytes
+    from ``offset`` instead: large pieces are then read into buffers the writer reuses
+    rather than into fresh memory for each chunk."""
 
     size: int
     read: Callable[[int, int], bytes]
+    read_into: Callable[[int, memoryview], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,4 +145,14 @@ def file_source(path: Path) -> Source:
             raise SR3Error(f"{path} changed while it was being stored")
         return data
 
-    return Source(size, read)
+    def read_into(offset: int, view: memoryview) -> None:
+        with open(path, "rb", buffering=0) as handle:
+            handle.seek(offset)
+            filled = 0
+            while filled < len(view):
+                count = handle.readinto(view[filled:])
+                if not count:
+                    raise SR3Error(f"{path} changed while it was being stored")
+                filled += count
+
+    return Source(size, read, read_into)
