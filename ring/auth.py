@@ -169,10 +169,14 @@ class BodyDigest:
 
     def hasher(self) -> Hasher:
         """An incremental hasher of this algorithm, for a body checked as it arrives."""
-        return hashlib.sha256() if self.algorithm == "sha256" else blake3.blake3()
+        return _hasher(self.algorithm)
 
     def matches(self, body: bytes | memoryview | None) -> bool:
         return hmac.compare_digest(digest_of(body, self.algorithm).hex, self.hex)
+
+
+def _hasher(algorithm: DigestAlgorithm) -> Hasher:
+    return hashlib.sha256() if algorithm == "sha256" else blake3.blake3()
 
 
 def digest_of(
@@ -181,7 +185,7 @@ def digest_of(
     """The digest of ``body`` (b"" when None; a tuple of parts: of their concatenation)
     with ``algorithm``."""
     if isinstance(body, tuple):
-        hasher: Hasher = hashlib.sha256() if algorithm == "sha256" else blake3.blake3()
+        hasher = _hasher(algorithm)
         for part in body:
             hasher.update(part)
         return BodyDigest(algorithm, hasher.hexdigest())
