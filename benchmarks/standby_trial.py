@@ -36,7 +36,7 @@ from spark_connector.catalog import latest_batch
 from spark_connector.manifest import Manifest
 from spark_connector.restore import read_manifest
 from sr3.process_group import group_pids, kill_group
-from sr3.standby_app import StandbyJob, read_events
+from sr3.standby_app import StandbyJob, read_events, start
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -116,12 +116,7 @@ class App:
 def launched(name: str, job: StandbyJob, env: dict[str, str], cwd: Path) -> Iterator[App]:
     """Start an application; its whole group is SIGKILLed on the way out, whatever happens."""
     log_path = cwd / f"app-{name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sr3.standby_app", job.to_json()],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-            start_new_session=True,
-        )  # fmt: skip
+    process = start(job, env, log_path, cwd)
     try:
         yield App(name, process, Path(job.events_path), log_path)
     finally:

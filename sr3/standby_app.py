@@ -27,6 +27,7 @@ import importlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from typing import Any
 from ring.errors import ConfigError, SR3Error
 from ring.lease import RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT
 
-__all__ = ["SINKS", "StandbyJob", "read_events"]
+__all__ = ["SINKS", "StandbyJob", "read_events", "start"]
 
 SINKS = ("foreach", "files")
 # How often the application looks at its query's progress (each look is a py4j call).
@@ -94,6 +95,19 @@ def read_events(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 break  # a line cut by a kill: the events before it stand
     return events
+
+
+def start(
+    job: StandbyJob, env: dict[str, str], log_path: Path, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``job``'s application (this module) in a session of its own, so that its
+    whole group (Python and JVM) can be killed at once; its output goes to ``log_path``."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "sr3.standby_app", job.to_json()],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+            start_new_session=True,
+        )  # fmt: skip
 
 
 class _Events:

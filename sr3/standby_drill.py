@@ -42,7 +42,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -57,7 +56,7 @@ from sr3.drills import DRILL_PEER_FLAGS
 from sr3.local import LocalCluster
 from sr3.process_group import kill_group
 from sr3.spark_demo import Output, Row, read_output, write_inputs
-from sr3.standby_app import SINKS, StandbyJob, read_events
+from sr3.standby_app import SINKS, StandbyJob, read_events, start
 
 __all__ = [
     "CHECKPOINT_MODES",
@@ -336,12 +335,7 @@ def _job(options: StandbyDrillOptions, home: Path, name: str) -> StandbyJob:
 def _launched(name: str, job: StandbyJob, env: dict[str, str], home: Path) -> Iterator[_App]:
     """An application in a session of its own; its whole group is SIGKILLed on the way out."""
     log_path = home / f"app-{name.lower()}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sr3.standby_app", job.to_json()],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
-        )  # fmt: skip
+    process = start(job, env, log_path)
     try:
         yield _App(name, job, process, log_path)
     finally:
