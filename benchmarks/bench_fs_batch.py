@@ -30,6 +30,7 @@ from ring.auth import scoped_credential
 from sr3.batch_app import BatchJob, BatchResult
 from sr3.cluster_app import application_env
 from sr3.local import LocalCluster
+from sr3.spark_demo import with_scratch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fs-batch.json"
 PEERS = 5
@@ -60,7 +61,7 @@ def one_run(rows: int, value_bytes: int, seed: int) -> dict[str, Any]:
             )
             done = subprocess.run(
                 [sys.executable, "-m", "sr3.batch_app", job.to_json()],
-                env=application_env(cluster.ring, credential),
+                env=with_scratch(application_env(cluster.ring, credential), Path(home) / "jvm"),
                 capture_output=True, text=True, timeout=JOB_TIMEOUT_S, check=False,
             )  # fmt: skip
             if done.returncode != 0:

@@ -30,6 +30,7 @@ from typing import Any
 
 from ring.errors import ConfigError
 from sr3.cluster_app import BASE_CONF, MASTER, spark_home
+from sr3.spark_demo import scratch_conf
 
 __all__ = ["MODES", "PARTITIONS", "BatchJob", "BatchResult", "ModeResult"]
 
@@ -160,6 +161,7 @@ def run(job: BatchJob) -> BatchResult:
         raise ConfigError("SR3_CREDENTIAL: the driver takes a scoped credential, not the secret")
     settings = {
         **BASE_CONF,
+        **scratch_conf(),
         **spark_conf(os.environ.get("SR3_RING"), credential=credential),
         "spark.test.home": spark_home(),
     }

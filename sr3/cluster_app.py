@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ring.errors import ConfigError, SR3Error
-from sr3.spark_demo import write_inputs
+from sr3.spark_demo import scratch_conf, with_scratch, write_inputs
 
 __all__ = [
     "QUERIES",
@@ -134,11 +134,13 @@ def start_application(
     command: str, job: ClusterJob, env: dict[str, str], log: Path
 ) -> subprocess.Popen[bytes]:
     """``python -m sr3.cluster_app COMMAND JOB`` in a process group of its own (the
-    driver, its JVM and the executor JVMs), its output appended to ``log``."""
+    driver, its JVM and the executor JVMs), its output appended to ``log``, its JVMs'
+    scratch files in the folder beside it named after it (``driver.log``:
+    ``driver.jvm``)."""
     with log.open("ab") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "sr3.cluster_app", command, job.to_json()],
-            env=env,
+            env=with_scratch(env, log.with_name(f"{log.stem}.jvm")),
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -214,6 +216,7 @@ def _session(conf: dict[str, str], provider: str, changelog: bool) -> Any:
     builder = SparkSession.builder.master(MASTER).appName("sr3-cluster")
     settings = {
         **BASE_CONF,
+        **scratch_conf(),
         **conf,
         "spark.test.home": spark_home(),
         "spark.sql.streaming.stateStore.providerClass": provider,

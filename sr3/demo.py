@@ -49,7 +49,15 @@ from ring.files import file_digest
 from spark_connector.sync import StateSync
 from sr3.local import BASE_PORT_DEFAULT, LocalCluster
 from sr3.process_group import kill_group
-from sr3.spark_demo import JobArgs, Output, ResumeResult, Row, read_output, write_inputs
+from sr3.spark_demo import (
+    JobArgs,
+    Output,
+    ResumeResult,
+    Row,
+    read_output,
+    with_scratch,
+    write_inputs,
+)
 from sr3.statedata import write_state_file
 
 __all__ = ["SparkDemoOptions", "compare_outputs", "run_demo", "run_spark_demo", "work_home"]
@@ -308,7 +316,9 @@ def work_home(keep_dir: Path | None, prefix: str = "sr3-demo-") -> Iterator[Path
 def _driver(
     command: str, job: JobArgs, env: dict[str, str], log_path: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A Spark driver in a session of its own; its whole group is SIGKILLed on the way out."""
+    """A Spark driver in a session of its own; its whole group is SIGKILLed on the way out.
+    Its JVM's scratch files go to the folder beside the log named after it."""
+    env = with_scratch(env, log_path.with_name(f"{log_path.stem}.jvm"))
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "sr3.spark_demo", command, job.to_json()],

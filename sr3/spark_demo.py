@@ -38,12 +38,15 @@ from ring.errors import ConfigError, SR3Error
 from spark_connector.sync import StateSync
 
 __all__ = [
+    "SCRATCH_ENV",
     "JobArgs",
     "Output",
     "ResumeResult",
     "Row",
     "RunSummary",
     "read_output",
+    "scratch_conf",
+    "with_scratch",
     "write_inputs",
 ]
 
@@ -65,6 +68,38 @@ SPARK_CONF = {
     "spark.sql.streaming.stateStore.maintenanceInterval": "500ms",
     "spark.sql.streaming.stateStore.minDeltasForSnapshot": "2",
 }
+
+
+# The folder an application's JVMs keep their scratch files in: Spark's local folders
+# (shuffle blocks, a RocksDB state store's working copy) and the native libraries
+# RocksDB, lz4 and snappy extract at start. Its launcher puts it in a work folder it
+# cleans up: in the system temp folder, a SIGKILLed JVM (drills, the demo) leaves them
+# there for good, hundreds of MB per killed application with RocksDB state.
+SCRATCH_ENV = "SR3_JVM_SCRATCH"
+
+
+def with_scratch(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """``env`` for an application whose JVMs keep their scratch files in ``folder``."""
+    return {**env, SCRATCH_ENV: str(folder.resolve())}
+
+
+def scratch_conf(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings that put the JVMs' scratch files (driver's and executors') in
+    the folder ``SR3_JVM_SCRATCH`` names, created here; none when it is unset."""
+    folder = (os.environ if environ is None else environ).get(SCRATCH_ENV)
+    if not folder:
+        return {}
+    local, tmp = Path(folder) / "local", Path(folder) / "tmp"
+    local.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    # Spark splits these options as a shell would: quoted, a path may hold spaces.
+    quoted = str(tmp).replace("\\", "\\\\").replace('"', '\\"')
+    option = f'"-Djava.io.tmpdir={quoted}"'
+    return {
+        "spark.local.dir": str(local),
+        "spark.driver.extraJavaOptions": option,
+        "spark.executor.extraJavaOptions": option,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +223,7 @@ def _session(app_name: str) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master("local[2]").appName(app_name)
-    for key, value in SPARK_CONF.items():
+    for key, value in {**SPARK_CONF, **scratch_conf()}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

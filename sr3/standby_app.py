@@ -37,6 +37,7 @@ from typing import Any
 
 from ring.errors import ConfigError, SR3Error
 from ring.lease import RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT
+from sr3.spark_demo import with_scratch
 
 __all__ = ["SINKS", "StandbyJob", "read_events", "start"]
 
@@ -101,7 +102,10 @@ def start(
     job: StandbyJob, env: dict[str, str], log_path: Path, cwd: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``job``'s application (this module) in a session of its own, so that its
-    whole group (Python and JVM) can be killed at once; its output goes to ``log_path``."""
+    whole group (Python and JVM) can be killed at once; its output goes to ``log_path``,
+    its JVMs' scratch files to the folder beside it named after it (``a.log``:
+    ``a.jvm``)."""
+    env = with_scratch(env, log_path.with_name(f"{log_path.stem}.jvm"))
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "sr3.standby_app", job.to_json()],
@@ -125,9 +129,13 @@ class _Events:
 def _session(job: StandbyJob) -> Any:
     from pyspark.sql import SparkSession
 
-    from sr3.spark_demo import SPARK_CONF
+    from sr3.spark_demo import SPARK_CONF, scratch_conf
 
-    conf = {**SPARK_CONF, "spark.sql.shuffle.partitions": str(job.shuffle_partitions)}
+    conf = {
+        **SPARK_CONF,
+        **scratch_conf(),
+        "spark.sql.shuffle.partitions": str(job.shuffle_partitions),
+    }
     if job.state_store == "rocksdb":
         conf["spark.sql.streaming.stateStore.providerClass"] = (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

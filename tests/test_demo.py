@@ -11,6 +11,7 @@ fails under SR3_REQUIRE_SPARK=1).
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,14 @@ from ring.errors import ConfigError
 from sr3 import demo
 from sr3.cluster_demo import ClusterDemoOptions, run_cluster_demo
 from sr3.demo import SparkDemoOptions, compare_outputs, run_spark_demo
-from sr3.spark_demo import Output, input_rows, read_output, write_inputs
+from sr3.spark_demo import (
+    Output,
+    input_rows,
+    read_output,
+    scratch_conf,
+    with_scratch,
+    write_inputs,
+)
 
 
 @pytest.mark.slow
@@ -69,6 +77,20 @@ def test_inputs_are_deterministic_and_outputs_read_back(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "batch-000004.json").write_text('[["2024-01-01T00:00:00", "k1", 3]]')
     assert read_output(tmp_path / "out") == {4: [("2024-01-01T00:00:00", "k1", 3)]}
+
+
+def test_jvm_scratch_is_the_launcher_s_folder_and_its_option_one_word(tmp_path: Path) -> None:
+    """An application's JVMs keep their scratch files in the folder its launcher names
+    (created there), whatever characters the path holds; nothing is set without one."""
+    assert scratch_conf({}) == {}
+    folder = tmp_path / 'a "quoted" \\ folder'
+    conf = scratch_conf(with_scratch({"OTHER": "kept"}, folder))
+    assert conf["spark.local.dir"] == str(folder.resolve() / "local")
+    assert (folder / "local").is_dir() and (folder / "tmp").is_dir()
+    option = conf["spark.driver.extraJavaOptions"]
+    assert conf["spark.executor.extraJavaOptions"] == option
+    # Spark splits the option string as a shell does (double quotes, backslash escapes).
+    assert shlex.split(option) == [f"-Djava.io.tmpdir={folder.resolve() / 'tmp'}"]
 
 
 def test_demo_without_pyspark_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,6 +36,7 @@ from sr3.batch_app import MODES, BatchJob, BatchResult
 from sr3.cluster_app import application_env
 from sr3.local import LocalCluster
 from sr3.process_group import group_pids
+from sr3.spark_demo import with_scratch
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def test_partitioned_overwrites_commit_on_sr3_as_on_file(
     )
     done = subprocess.run(
         [sys.executable, "-m", "sr3.batch_app", job.to_json()],
-        env=application_env(ring.ring, credential),
+        env=with_scratch(application_env(ring.ring, credential), tmp_path / "jvm"),
         capture_output=True, text=True, timeout=JOB_TIMEOUT_S, check=False,
     )  # fmt: skip
     lines = done.stdout.splitlines()
@@ -96,7 +97,7 @@ def test_executors_killed_mid_task_commit_leave_no_partial_output(
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "sr3.batch_app", job.to_json()],
-        env=application_env(ring.ring, credential),
+        env=with_scratch(application_env(ring.ring, credential), tmp_path / "jvm"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     stop = threading.Event()

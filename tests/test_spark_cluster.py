@@ -74,6 +74,11 @@ def test_a_killed_application_and_two_dead_peers_lose_no_state(
         wait_for_batches(app, Path(job.output_dir), KILL_AFTER_BATCHES, log, APP_START_S_MAX)
     finally:
         kill_application(app)
+    # What the killed JVMs leave (Spark's folders, extracted native libraries) is in the
+    # folder beside the application's log, not in the system's temp folder.
+    scratch = tmp_path / "driver.jvm"
+    assert any((scratch / "local").glob("blockmgr-*")), sorted(tmp_path.iterdir())
+    assert any((scratch / "tmp").iterdir()), sorted(scratch.rglob("*"))
     killed_after = len(read_outputs(Path(job.output_dir)))
     victims = rng.sample([peer.peer_id for peer in cluster.cluster.peers], 2)
     for victim in victims:
