@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_store import cpu_seconds
+from proc_cpu import cpu_seconds
 
 from ring.auth import scoped_credential
 from spark_connector.conf import spark_conf

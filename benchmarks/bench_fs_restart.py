@@ -32,8 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_fs import session
-from bench_store import cpu_seconds
 from connector_spark import start_keys_query
+from proc_cpu import cpu_seconds
 
 from ring.auth import scoped_credential
 from sr3.local import LocalCluster

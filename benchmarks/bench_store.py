@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp
 from baseline_server import start_baseline_server, stop_process
+from proc_cpu import cpu_delta, cpu_seconds, cpu_sum
 
 from ring.client import Client, ClientOptions
 from ring.config import parse_size
@@ -114,24 +115,6 @@ class Trial:
     chunk_count: int | None = None
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process and all its threads, from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_sum(pids: Sequence[int]) -> float | None:
-    figures = [cpu_seconds(pid) for pid in pids]
-    return None if any(figure is None for figure in figures) else sum(filter(None, figures))
-
-
-def _delta(after: float | None, before: float | None) -> float | None:
-    return None if after is None or before is None else after - before
-
-
 async def timed(
     action: Awaitable[T], server_pids: Sequence[int], settle_s: float
 ) -> tuple[T, Phase]:
@@ -150,8 +133,8 @@ async def timed(
     started = time.perf_counter()
     result = await action
     seconds = time.perf_counter() - started
-    client_cpu_s = _delta(cpu_seconds(os.getpid()), client_before)
-    return result, Phase(seconds, client_cpu_s, _delta(cpu_sum(server_pids), servers_before))
+    client_cpu_s = cpu_delta(cpu_seconds(os.getpid()), client_before)
+    return result, Phase(seconds, client_cpu_s, cpu_delta(cpu_sum(server_pids), servers_before))
 
 
 # -- baseline client ---------------------------------------------------------------------

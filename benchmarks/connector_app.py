@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_store import cpu_seconds
 from connector_restart import check_restored, run_first_batch
 from connector_settings import APP_MODES, PROVIDER_CONF, PROVIDERS, Settings
 from connector_spark import jvm_pid, start_spark
+from proc_cpu import cpu_seconds
 
 from spark_connector.sync import StateSync
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_store import cpu_seconds
 from connector_settings import FLUSH_TIMEOUT_S, Settings
 from connector_stats import Listing, new_files
+from proc_cpu import cpu_seconds
 
 from ring.sync_client import SyncClient
 from spark_connector.checkpoint import read_cut

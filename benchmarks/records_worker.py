@@ -42,24 +42,7 @@ from bench_records import (
     WRITERS_MAX,
     Phase,
 )
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process, from /proc (None where unavailable)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_sum(pids: Sequence[int]) -> float | None:
-    figures = [cpu_seconds(pid) for pid in pids]
-    return None if any(figure is None for figure in figures) else sum(filter(None, figures))
-
-
-def _delta(after: float | None, before: float | None) -> float | None:
-    return None if after is None or before is None else after - before
+from proc_cpu import cpu_delta, cpu_seconds, cpu_sum
 
 
 def round_stats(client: Any) -> dict[str, Any] | None:
@@ -147,8 +130,8 @@ class Worker:
         return Phase(
             latencies_ms=latencies_ms,
             wall_s=wall_s,
-            client_cpu_s=_delta(cpu_seconds(os.getpid()), client_before),
-            peers_cpu_s=_delta(cpu_sum(self.peer_pids), peers_before),
+            client_cpu_s=cpu_delta(cpu_seconds(os.getpid()), client_before),
+            peers_cpu_s=cpu_delta(cpu_sum(self.peer_pids), peers_before),
             round_stats=stats_delta(total_stats(self.clients), stats_before) or None,
             catch_ups=None
             if catch_ups_after is None or catch_ups_before is None

@@ -25,10 +25,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # This script's folder is first on sys.path: its connector_* modules import by name.
-from bench_store import cpu_seconds
 from connector_probes import Bench, settle
 from connector_settings import Settings
 from connector_spark import write_ids
+from proc_cpu import cpu_seconds
 
 from ring.lease import TIMEOUT_S_DEFAULT
 from ring.sync_client import SyncClient
