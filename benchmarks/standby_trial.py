@@ -35,7 +35,7 @@ from ring.sync_client import SyncClient
 from spark_connector.catalog import latest_batch
 from spark_connector.manifest import Manifest
 from spark_connector.restore import read_manifest
-from sr3.process_group import group_pids, kill_group
+from sr3.process_group import group_pids, kill_group, log_tail
 from sr3.standby_app import StandbyJob, read_events, start
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -105,11 +105,7 @@ class App:
         return read_events(self.events_path)
 
     def tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join([f"--- last lines of {self.log_path}:", *lines[-LOG_TAIL_LINES:]])
+        return log_tail(self.log_path, LOG_TAIL_LINES)
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ from ring.errors import ConfigError, SR3Error
 from ring.files import file_digest
 from spark_connector.sync import StateSync
 from sr3.local import BASE_PORT_DEFAULT, LocalCluster
-from sr3.process_group import kill_group
+from sr3.process_group import kill_group, log_tail
 from sr3.spark_demo import (
     JobArgs,
     Output,
@@ -364,11 +364,7 @@ def _newest_commit(checkpoint_dir: Path) -> int | None:
 
 
 def _tail(log_path: Path) -> str:
-    try:
-        lines = log_path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join([f"--- last lines of {log_path.name}:", *lines[-LOG_TAIL_LINES:]])
+    return log_tail(log_path, LOG_TAIL_LINES, log_path.name)
 
 
 def _human(size: int) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ring.errors import SR3Error
 
-__all__ = ["GROUP_EXIT_S_MAX", "group_alive", "group_pids", "kill_group"]
+__all__ = ["GROUP_EXIT_S_MAX", "group_alive", "group_pids", "kill_group", "log_tail"]
 
 # How long a killed group may take to be gone (the leader reaped, every member exited).
 GROUP_EXIT_S_MAX = 10.0
@@ -59,3 +59,14 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
         if time.monotonic() > deadline:
             raise SR3Error(f"process group {process.pid} still runs after SIGKILL")
         time.sleep(POLL_S)
+
+
+def log_tail(log_path: Path, lines: int, shown: str | None = None) -> str:
+    """The last ``lines`` lines of an application's log under a heading that names it
+    (``shown``, else its path), for an error that says why the application failed;
+    empty when the log cannot be read."""
+    try:
+        text = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join([f"--- last lines of {shown or log_path}:", *text[-lines:]])

@@ -54,7 +54,7 @@ from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, 
 from sr3.demo import work_home
 from sr3.drills import DRILL_PEER_FLAGS
 from sr3.local import LocalCluster
-from sr3.process_group import kill_group
+from sr3.process_group import kill_group, log_tail
 from sr3.spark_demo import Output, Row, read_output, write_inputs
 from sr3.standby_app import SINKS, StandbyJob, read_events, start
 
@@ -223,11 +223,7 @@ class _App:
         return read_events(Path(self.job.events_path))
 
     def tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join([f"--- last lines of {self.log_path}:", *lines[-LOG_TAIL_LINES:]])
+        return log_tail(self.log_path, LOG_TAIL_LINES)
 
 
 # -- the drill ------------------------------------------------------------------------------
