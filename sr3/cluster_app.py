@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ring.errors import ConfigError, SR3Error
-from sr3.spark_demo import scratch_conf, with_scratch, write_inputs
+from sr3.spark_demo import scratch_beside, scratch_conf, with_scratch, write_inputs
 
 __all__ = [
     "QUERIES",
@@ -140,7 +140,7 @@ def start_application(
     with log.open("ab") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "sr3.cluster_app", command, job.to_json()],
-            env=with_scratch(env, log.with_name(f"{log.stem}.jvm")),
+            env=with_scratch(env, scratch_beside(log)),
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -55,6 +55,7 @@ from sr3.spark_demo import (
     ResumeResult,
     Row,
     read_output,
+    scratch_beside,
     with_scratch,
     write_inputs,
 )
@@ -318,7 +319,7 @@ def _driver(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A Spark driver in a session of its own; its whole group is SIGKILLed on the way out.
     Its JVM's scratch files go to the folder beside the log named after it."""
-    env = with_scratch(env, log_path.with_name(f"{log_path.stem}.jvm"))
+    env = with_scratch(env, scratch_beside(log_path))
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "sr3.spark_demo", command, job.to_json()],

@@ -45,6 +45,7 @@ __all__ = [
     "Row",
     "RunSummary",
     "read_output",
+    "scratch_beside",
     "scratch_conf",
     "with_scratch",
     "write_inputs",
@@ -81,6 +82,12 @@ SCRATCH_ENV = "SR3_JVM_SCRATCH"
 def with_scratch(env: dict[str, str], folder: Path) -> dict[str, str]:
     """``env`` for an application whose JVMs keep their scratch files in ``folder``."""
     return {**env, SCRATCH_ENV: str(folder.resolve())}
+
+
+def scratch_beside(log_path: Path) -> Path:
+    """The scratch folder of the application whose output goes to ``log_path``: beside
+    it, named after it (``driver.log``: ``driver.jvm``), in the launcher's work folder."""
+    return log_path.with_name(f"{log_path.stem}.jvm")
 
 
 def scratch_conf(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -37,7 +37,7 @@ from typing import Any
 
 from ring.errors import ConfigError, SR3Error
 from ring.lease import RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT
-from sr3.spark_demo import with_scratch
+from sr3.spark_demo import scratch_beside, with_scratch
 
 __all__ = ["SINKS", "StandbyJob", "read_events", "start"]
 
@@ -105,7 +105,7 @@ def start(
     whole group (Python and JVM) can be killed at once; its output goes to ``log_path``,
     its JVMs' scratch files to the folder beside it named after it (``a.log``:
     ``a.jvm``)."""
-    env = with_scratch(env, log_path.with_name(f"{log_path.stem}.jvm"))
+    env = with_scratch(env, scratch_beside(log_path))
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "sr3.standby_app", job.to_json()],

@@ -82,7 +82,7 @@ from ring.errors import SR3Error
 from ring.lease import parse_lease
 from ring.placement import VNODES_DEFAULT
 from sr3.local import peer_command
-from sr3.spark_demo import Output, Row, read_output, with_scratch, write_inputs
+from sr3.spark_demo import Output, Row, read_output, scratch_beside, with_scratch, write_inputs
 from sr3.standby_app import StandbyJob, read_events
 
 PEERS = 3
@@ -257,7 +257,7 @@ class Driver:
     def start(self) -> None:
         command = [sys.executable, "-m", "sr3.standby_app", self.job.to_json()]
         log_path = self.lab.home / f"{self.name}.log"
-        env = with_scratch(self.lab.env, self.lab.home / f"{self.name}.jvm")
+        env = with_scratch(self.lab.env, scratch_beside(log_path))
         self.process = self.lab.net.start_peer(self.host, command, env=env,
                                                log_path=log_path)  # fmt: skip
 
