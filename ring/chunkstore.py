@@ -1,6 +1,7 @@
 """The peer's on-disk chunk store.
 
-Chunks live under ``<data>/chunks/<first two hex digits>/<chunk id>`` in their stored form
+Chunks live under ``<data>/chunks/<first two hex digits>/<chunk id>`` (the 256 shard
+folders are made when the store opens) in their stored form
 (see ``ring.codec``). A write goes to ``<data>/tmp``, is fsynced, renamed into place and
 the directory fsynced, so a crash leaves either the whole chunk or nothing. Where the
 file system takes it, the write bypasses the page cache (``O_DIRECT``,
@@ -35,13 +36,15 @@ from pathlib import Path
 
 from ring import codec
 from ring.errors import ChunkCorrupt, StorageFull
-from ring.files import DirectIO, move_or_remove, storage_full, write_file_atomic
+from ring.files import DirectIO, make_folders, move_or_remove, storage_full, write_file_atomic
 
 __all__ = ["ChunkStore", "StoreStats", "write_file_atomic"]
 
 log = logging.getLogger(__name__)
 
 IO_CONCURRENCY_DEFAULT = 4
+# Chunk files are spread over folders named by the first two hex digits of their id.
+SHARDS = 256
 # Collected chunks wait in the tmp folder under this prefix until the trash is emptied.
 TRASH_PREFIX = "gc-"
 
@@ -98,8 +101,13 @@ class ChunkStore:
 
     def open(self) -> None:
         """Create the layout, drop leftovers of interrupted writes, index what is present."""
-        for directory in (self._chunks_dir, self._tmp_dir, self._quarantine_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+        # Every shard folder is made here, not by the first write into it: a write then
+        # never pays for a new folder, and a new folder's entry in ``chunks`` is fsynced
+        # before any chunk is written into it.
+        make_folders(
+            [self._tmp_dir, self._quarantine_dir]
+            + [self._chunks_dir / f"{shard:02x}" for shard in range(SHARDS)]
+        )
         for leftover in self._tmp_dir.iterdir():
             leftover.unlink(missing_ok=True)
         self._choose_io()

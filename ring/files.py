@@ -33,7 +33,7 @@ import os
 import queue
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import xxhash
@@ -47,6 +47,7 @@ __all__ = [
     "discard",
     "file_digest",
     "fsync_dir",
+    "make_folders",
     "move_or_remove",
     "storage_full",
     "write_file_atomic",
@@ -87,6 +88,27 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_folders(folders: Iterable[Path]) -> int:
+    """Create the missing ones of ``folders`` (and their missing parents) durably: each
+    folder that gained an entry is fsynced once all are made, so a crash cannot take away
+    a folder that files were then durably written into. How many were created."""
+    grown: set[Path] = set()
+    created = 0
+    for folder in folders:
+        missing: list[Path] = []
+        step = folder
+        while not step.is_dir():
+            missing.append(step)
+            step = step.parent
+        for new in reversed(missing):
+            new.mkdir(exist_ok=True)
+            grown.add(new.parent)
+            created += 1
+    for parent in grown:
+        fsync_dir(parent)
+    return created
+
+
 def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:
     """Write ``data`` to ``final`` so that a crash leaves the whole file or none of it.
 
@@ -112,8 +134,9 @@ def _replace_atomically(tmp_dir: Path, final: Path, write: Callable[[Path], None
             try:
                 os.replace(tmp, final)
             except FileNotFoundError:
-                # The first file of its folder (checked only then: a write is small).
-                final.parent.mkdir(exist_ok=True)
+                # Its folder is missing (an operator removed it; the stores make theirs
+                # at open): made durably, checked only then since a write is small.
+                make_folders([final.parent])
                 os.replace(tmp, final)
             fsync_dir(final.parent)
     except BaseException:

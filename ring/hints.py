@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ring import codec
 from ring.errors import StorageFull
-from ring.files import discard, fsync_dir, storage_full
+from ring.files import discard, fsync_dir, make_folders, storage_full
 
 __all__ = ["HINTS_MAX", "HintStore"]
 
@@ -35,7 +35,7 @@ class HintStore:
         self._hints: set[tuple[str, str]] = set()
 
     def open(self) -> None:
-        self._dir.mkdir(parents=True, exist_ok=True)
+        make_folders([self._dir])
         for entry in self._dir.iterdir():
             chunk_id, _, peer_id = entry.name.partition(".")
             if codec.is_chunk_id(chunk_id) and peer_id:

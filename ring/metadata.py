@@ -41,7 +41,7 @@ from ring.cluster import (
     parse_cluster_answer,
 )
 from ring.errors import ProtocolError, StorageFull
-from ring.files import PendingWrite, write_file_atomic
+from ring.files import PendingWrite, make_folders, write_file_atomic
 from ring.paxos import Ballot, Preempted, Slot, Value
 
 __all__ = ["Decided", "Metadata", "NotVoter", "Unready"]
@@ -110,7 +110,7 @@ class Metadata:
     # -- files --------------------------------------------------------------------------
 
     def open(self) -> None:
-        self._dir.mkdir(parents=True, exist_ok=True)
+        make_folders([self._dir])
         self._keep_reserve()
         if self._saved.path.exists():
             try:

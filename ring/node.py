@@ -36,7 +36,7 @@ from ring.clock import Clocks
 from ring.cluster import Configuration
 from ring.consensus import Acceptor, AcceptorSettings
 from ring.errors import ConfigError, ProtocolError, SR3Error
-from ring.files import PendingWrite
+from ring.files import PendingWrite, make_folders
 from ring.gc import ChunkCollector, GcSettings
 from ring.gossip import Gossiper
 from ring.handover import HandOver
@@ -220,8 +220,7 @@ class Node:
 
     def open(self) -> None:
         config = self.config
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        (config.data_dir / "tmp").mkdir(exist_ok=True)
+        make_folders([config.data_dir / "tmp"])
         self.epoch = _next_epoch(self._identity, config.peer_id, self.clocks.wall)
         self.chunks.open()
         self.records.open()

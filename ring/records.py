@@ -41,7 +41,7 @@ import xxhash
 from ring import paxos
 from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, VERSION_MAX
 from ring.errors import ProtocolError
-from ring.files import move_or_remove, write_file_atomic
+from ring.files import make_folders, move_or_remove, write_file_atomic
 from ring.paxos import Ballot, Preempted, Slot, Value
 from ring.records_api import SCAN_HEAD_BYTES_MAX, SCAN_VISITS_MAX
 from ring.records_api import split_record_envelope as split_envelope
@@ -229,8 +229,7 @@ class RecordStore:
         self._lock = asyncio.Lock()
 
     def open(self) -> None:
-        for directory in (self._dir, self._tmp_dir, self._quarantine_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+        make_folders([self._dir, self._tmp_dir, self._quarantine_dir])
         for entry in self._dir.glob("*.rec"):
             try:
                 key, slot = _decode(entry.read_bytes())

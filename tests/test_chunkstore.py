@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import ring.files
 from ring import codec
 from ring.chunkstore import ChunkStore, write_file_atomic
 from ring.errors import ChunkCorrupt, ChunkError, StorageFull
@@ -145,6 +146,50 @@ async def test_open_removes_leftover_tmp_files(tmp_path: Path) -> None:
     reopened = _open(tmp_path)
     assert list((tmp_path / "tmp").iterdir()) == []
     assert reopened.ids() == [chunk_id]
+
+
+async def test_open_makes_every_shard_folder_durably_and_writes_make_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaks: a chunk written into a shard folder that the write itself created, whose
+    entry in ``chunks`` nothing fsynced (a crash could lose the folder with the chunk
+    that was acknowledged as durable); and every fresh peer paying a folder creation on
+    its first 256 writes. Must hold: open makes the 256 shard folders and fsyncs the
+    folders that gained them; a write whose shard an operator removed makes it again
+    and fsyncs ``chunks`` before the chunk counts as stored."""
+    synced: list[Path] = []
+    real_fsync_dir = ring.files.fsync_dir
+
+    def recording_fsync_dir(path: Path) -> None:
+        synced.append(path)
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(ring.files, "fsync_dir", recording_fsync_dir)
+    store = _open(tmp_path)
+    shards = sorted(path.name for path in (tmp_path / "chunks").iterdir())
+    assert shards == [f"{shard:02x}" for shard in range(256)]
+    assert tmp_path / "chunks" in synced and tmp_path in synced
+    synced.clear()
+    made: list[Path] = []
+    real_mkdir = Path.mkdir
+
+    def recording_mkdir(path: Path, *args: object, **kwargs: object) -> None:
+        made.append(path)
+        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", recording_mkdir)
+    chunk_id, stored = _chunk(9)
+    assert await store.put(chunk_id, stored) is True
+    assert made == []
+    assert synced == [tmp_path / "chunks" / chunk_id[:2]]
+    other_id, other = _chunk(10)
+    assert other_id[:2] != chunk_id[:2]
+    (tmp_path / "chunks" / other_id[:2]).rmdir()
+    synced.clear()
+    assert await store.put(other_id, other) is True
+    assert made == [tmp_path / "chunks" / other_id[:2]]
+    assert synced == [tmp_path / "chunks", tmp_path / "chunks" / other_id[:2]]
+    assert await _open(tmp_path).get(other_id) == other
 
 
 async def test_restart_re_indexes_everything(tmp_path: Path) -> None:
