@@ -117,7 +117,11 @@ class Gossiper:
         digests match). The peer ids that are new or changed."""
         changed: list[str] = []
         if message.members is not None:
-            changed = self.table.merge(message.members)
+            ages = None
+            if len(message.ages) == len(message.members):
+                # "Not heard within 25.4 s, or never" (AGE_NONE) counts as that old.
+                ages = [age * AGE_UNIT_S for age in message.ages]
+            changed = self.table.merge(message.members, ages)
             ids = [entry.peer_id for entry in message.members]
         elif message.digest == table_digest(self.table.entries()):
             ids = [entry.peer_id for entry in self.table.entries()]

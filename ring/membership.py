@@ -31,7 +31,7 @@ down at once (forward) or hide a failure (backward).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -222,12 +222,20 @@ class MemberTable:
 
     # -- gossip -------------------------------------------------------------------------
 
-    def merge(self, entries: Iterable[Entry]) -> list[str]:
+    def merge(
+        self, entries: Sequence[Entry], heard_ago_s: Sequence[float] | None = None
+    ) -> list[str]:
         """Take every entry newer than ours; return the peer ids that are new or changed
-        epoch or status (not those whose heartbeat merely advanced)."""
+        epoch or status (not those whose heartbeat merely advanced).
+
+        A newer entry is news of its peer, but not necessarily fresh news: one that
+        reached the sender long ago may reach this peer late, after its peer died. With
+        ``heard_ago_s`` (the sender's age of each entry, as gossip carries them) it counts
+        as hearing from the peer that long ago, never later than the sender did; without
+        it (the peer's own saved table at start), as hearing from it now."""
         changed = []
         now = self._clock()
-        for entry in entries:
+        for index, entry in enumerate(entries):
             if entry.peer_id == self.me:
                 continue
             known = self._entries.get(entry.peer_id)
@@ -236,7 +244,10 @@ class MemberTable:
             if known is None and len(self._entries) >= MEMBERS_MAX:
                 continue
             self._entries[entry.peer_id] = entry
-            self._advanced_at[entry.peer_id] = now
+            at = now if heard_ago_s is None else now - heard_ago_s[index]
+            self._advanced_at[entry.peer_id] = max(
+                at, self._advanced_at.get(entry.peer_id, float("-inf"))
+            )
             if known is None or (known.epoch, known.status) != (entry.epoch, entry.status):
                 changed.append(entry.peer_id)
         return changed

@@ -104,6 +104,26 @@ async def test_differing_tables_trade_whole_tables_and_then_agree() -> None:
     assert [("members" in m) for m in wire.sent] == [False, False]
 
 
+async def test_a_dead_peer_s_last_heartbeat_relayed_late_keeps_its_age() -> None:
+    """Breaks: p3 dies; its last heartbeat reached p1 but not p2 (p2 holds the one
+    before: heartbeats alone do not make digests differ, so tables are not traded for
+    them). Twelve seconds later p4 starts leaving, so p1 and p2 trade whole tables. Must
+    hold: p2 takes p3's newer entry with p1's age for it, so p3 is still 12 s silent at
+    p2, not heard from just now (a dead peer shown alive, or joining once removed, for a
+    failure timeout, whenever some other entry changes)."""
+    clock, wire = Clock(), Wire()
+    a = gossiper("p1", ["p2", "p4"], clock, wire)
+    b = gossiper("p2", ["p1", "p4"], clock, wire)
+    b.table.merge([entry("p3", heartbeat=4)])
+    a.table.merge([entry("p3", heartbeat=5)])
+    clock.now += 12.0
+    a.table.merge([entry("p4", "leaving", heartbeat=1)])
+    assert await a.exchange(b.table.own.address)
+    assert b.table.entry("p4").status == "leaving"  # type: ignore[union-attr]
+    assert b.table.entry("p3") == entry("p3", heartbeat=5)
+    assert b.table.silent_s("p3") == pytest.approx(12.0, abs=0.1)
+
+
 async def test_a_peer_before_digests_is_answered_with_whole_tables() -> None:
     """Breaks: a partner of the earlier format sends ``members`` only. Must hold: its
     entries are merged and the answer is the whole table in that format."""

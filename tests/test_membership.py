@@ -81,6 +81,33 @@ def test_silence_makes_a_member_down_and_suspected_but_only_a_decision_removes_i
     assert members.liveness("p2") == "up"
 
 
+def test_a_late_relayed_heartbeat_of_a_silent_peer_does_not_bring_it_back() -> None:
+    """Breaks: p2 dies; its last heartbeat reached another peer but not this one, which
+    removes p2 once silent; gossip then relays that heartbeat here, seconds later, with
+    the sender's age for it. Must hold: the entry is taken, but counts as heard when the
+    sender heard it: p2 stays silent and removed, never "joining" (a dead peer shown
+    alive for a failure timeout); a relayed heartbeat heard recently still counts as
+    life, and without ages (the peer's own saved table) an entry counts as heard now."""
+    clock = Clock()
+    members = table(clock)
+    members.merge([entry("p2", heartbeat=7)])
+    clock.now += 12
+    members.configuration = configured("p1", "p3", "p4", epoch=2)
+    assert members.liveness("p2") == "removed"
+    assert members.merge([entry("p2", heartbeat=8)], [11.5]) == []
+    assert members.entry("p2") == entry("p2", heartbeat=8)
+    assert members.silent_s("p2") == pytest.approx(11.5)
+    assert members.liveness("p2") == "removed"
+    # A sender that heard p2 moments ago: p2 is alive and asks to join.
+    members.merge([entry("p2", heartbeat=9)], [0.3])
+    assert members.liveness("p2") == "joining"
+    # An older age never makes what this peer heard older.
+    members.merge([entry("p2", heartbeat=10)], [20.0])
+    assert members.silent_s("p2") == pytest.approx(0.3)
+    members.merge([entry("p3", heartbeat=1)])
+    assert members.silent_s("p3") == 0.0
+
+
 def test_announced_stop_is_down_at_once_and_leaving_stays_placed_until_decided() -> None:
     clock = Clock()
     members = table(clock)
