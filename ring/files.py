@@ -88,12 +88,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def make_folders(folders: Iterable[Path]) -> int:
+def make_folders(folders: Iterable[Path]) -> None:
     """Create the missing ones of ``folders`` (and their missing parents) durably: each
     folder that gained an entry is fsynced once all are made, so a crash cannot take away
-    a folder that files were then durably written into. How many were created."""
+    a folder that files were then durably written into."""
     grown: set[Path] = set()
-    created = 0
     for folder in folders:
         missing: list[Path] = []
         step = folder
@@ -103,10 +102,8 @@ def make_folders(folders: Iterable[Path]) -> int:
         for new in reversed(missing):
             new.mkdir(exist_ok=True)
             grown.add(new.parent)
-            created += 1
     for parent in grown:
         fsync_dir(parent)
-    return created
 
 
 def write_file_atomic(tmp_dir: Path, final: Path, data: bytes) -> None:

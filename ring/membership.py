@@ -234,7 +234,6 @@ class MemberTable:
         as hearing from the peer that long ago, never later than the sender did; without
         it (the peer's own saved table at start), as hearing from it now."""
         changed = []
-        now = self._clock()
         for index, entry in enumerate(entries):
             if entry.peer_id == self.me:
                 continue
@@ -244,10 +243,7 @@ class MemberTable:
             if known is None and len(self._entries) >= MEMBERS_MAX:
                 continue
             self._entries[entry.peer_id] = entry
-            at = now if heard_ago_s is None else now - heard_ago_s[index]
-            self._advanced_at[entry.peer_id] = max(
-                at, self._advanced_at.get(entry.peer_id, float("-inf"))
-            )
+            self.heard(entry.peer_id, 0.0 if heard_ago_s is None else heard_ago_s[index])
             if known is None or (known.epoch, known.status) != (entry.epoch, entry.status):
                 changed.append(entry.peer_id)
         return changed
