@@ -34,7 +34,7 @@ from proc_cpu import cpu_seconds
 
 from ring.auth import scoped_credential
 from spark_connector.conf import spark_conf
-from sr3.cluster_app import MASTER, spark_home
+from sr3.cluster_app import MASTER, local_cluster_conf
 from sr3.local import LocalCluster
 
 RESULTS = Path(__file__).parent / "results" / "fs.json"
@@ -72,7 +72,7 @@ def session(conf: dict[str, str], provider: str, work: Path) -> Any:
     builder = SparkSession.builder.master(MASTER).appName("sr3-bench-fs")
     settings = {
         **conf,
-        "spark.test.home": spark_home(),
+        **local_cluster_conf(),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.host": "127.0.0.1",

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ring.errors import ConfigError
-from sr3.cluster_app import BASE_CONF, MASTER, spark_home
+from sr3.cluster_app import BASE_CONF, MASTER, local_cluster_conf
 from sr3.spark_demo import scratch_conf
 
 __all__ = ["MODES", "PARTITIONS", "BatchJob", "BatchResult", "ModeResult"]
@@ -163,7 +163,7 @@ def run(job: BatchJob) -> BatchResult:
         **BASE_CONF,
         **scratch_conf(),
         **spark_conf(os.environ.get("SR3_RING"), credential=credential),
-        "spark.test.home": spark_home(),
+        **local_cluster_conf(),
     }
     builder = SparkSession.builder.master(MASTER).appName("sr3-batch")
     for key, value in settings.items():

@@ -45,6 +45,7 @@ __all__ = [
     "application_env",
     "finish_application",
     "kill_application",
+    "local_cluster_conf",
     "read_outputs",
     "spark_home",
     "start_application",
@@ -68,6 +69,14 @@ BASE_CONF = {
     # A task that meets a ring still healing (503 from a peer) is retried, not the job.
     "spark.task.maxFailures": "8",
 }
+# A local-cluster worker keeps each application's executor logs in <Spark home>/work,
+# which for a pip-installed pyspark is inside the package (Spark gives workers a temporary
+# work folder only in its own testing mode). Workers of sr3's applications remove folders
+# of applications that are not running and wrote nothing for WORK_KEEP_S, looking every
+# WORK_CLEANUP_INTERVAL_S (Spark's standalone clean-up), so a failed run's logs stay a
+# day for whoever reads them and the folder does not grow with every run.
+WORK_KEEP_S = 24 * 3600
+WORK_CLEANUP_INTERVAL_S = 30
 POLL_S = 0.5
 GROUP_EXIT_S_MAX = 30.0
 LOG_TAIL_LINES = 40
@@ -197,6 +206,17 @@ def spark_home() -> str:
     return str(Path(pyspark.__file__).parent)
 
 
+def local_cluster_conf() -> dict[str, str]:
+    """The conf every ``local-cluster`` application of sr3 sets: where workers find
+    Spark's scripts and jars, and the clean-up of their work folder (``WORK_KEEP_S``)."""
+    return {
+        "spark.test.home": spark_home(),
+        "spark.worker.cleanup.enabled": "true",
+        "spark.worker.cleanup.interval": str(WORK_CLEANUP_INTERVAL_S),
+        "spark.worker.cleanup.appDataTtl": str(WORK_KEEP_S),
+    }
+
+
 def write_job_inputs(query: str, directory: Path, files: int, seed: int) -> None:
     """The input of ``query``: event files, and for the join a second stream too."""
     write_inputs(directory / "left", files, seed)
@@ -218,7 +238,7 @@ def _session(conf: dict[str, str], provider: str, changelog: bool) -> Any:
         **BASE_CONF,
         **scratch_conf(),
         **conf,
-        "spark.test.home": spark_home(),
+        **local_cluster_conf(),
         "spark.sql.streaming.stateStore.providerClass": provider,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": str(
             changelog

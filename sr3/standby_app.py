@@ -147,11 +147,11 @@ def _session(job: StandbyJob) -> Any:
         secret = None if credential else os.environ.get("SR3_SECRET")
         conf.update(spark_conf(os.environ.get("SR3_RING"), secret, credential=credential))
     if job.master.startswith("local-cluster"):
-        from sr3.cluster_app import spark_home
+        from sr3.cluster_app import local_cluster_conf
 
         # Executors are JVMs of their own, started from pyspark's Spark home; their
         # Python workers (if any) run this interpreter.
-        conf["spark.test.home"] = spark_home()
+        conf.update(local_cluster_conf())
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(job.master).appName(f"sr3-standby-{job.query}")
     for key, value in conf.items():
