@@ -1,6 +1,7 @@
 """Reading a file of the ``sr3://`` namespace: its inline bytes, or the ranges of its
 chunks, fetched directly when they are few and along a recovery plan (star, line or
-tree, as the cost model picks) when they are many.
+tree, as the cost model picks) when they are many. Chunks the serving peer holds are
+read from its own store either way (``ChunkIO.fetch_local``).
 """
 
 from __future__ import annotations
@@ -71,14 +72,34 @@ async def _fetch_directly(client: Client, chunk_ids: list[str]) -> dict[str, byt
 
 
 async def _recover(client: Client, chunk_ids: list[str]) -> dict[str, bytes]:
-    """Many chunks, along the topology the cost model picks for the holders found
-    and the network measured (what a restart's big reads are)."""
+    """Many chunks: those this peer holds from its own store while the others come
+    along the topology the cost model picks for the holders found and the network
+    measured (what a restart's big reads are); a local copy that fails comes that way
+    after."""
     fetched: dict[str, bytes] = {}
+    wanted = list(dict.fromkeys(chunk_ids))
+    here = [chunk_id for chunk_id in wanted if client.chunks.held_locally(chunk_id)]
+    elsewhere = [chunk_id for chunk_id in wanted if chunk_id not in set(here)]
 
     async def sink(chunk_id: str, raw: bytes | memoryview) -> None:
         fetched[chunk_id] = bytes(raw)
 
-    await recover(client, list(dict.fromkeys(chunk_ids)), "auto", sink)
+    async def read_here() -> None:
+        for chunk_id in here:
+            raw = await client.chunks.fetch_local(chunk_id)
+            if raw is not None:
+                fetched[chunk_id] = raw
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(read_here())
+            if elsewhere:
+                group.create_task(recover(client, elsewhere, "auto", sink))
+    except BaseExceptionGroup as group_error:
+        raise first_error(group_error) from None
+    failed_here = [chunk_id for chunk_id in here if chunk_id not in fetched]
+    if failed_here:
+        await recover(client, failed_here, "auto", sink)
     return fetched
 
 

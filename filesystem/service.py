@@ -142,7 +142,11 @@ class FileService:
         # a client certificate where peers require one).
         tls = config.tls
         options = ClientOptions(tls=None if tls is None else tls.as_client)
-        client = Client(config.address, config.secret, options=options)
+        # Chunks this peer holds are read from its own store, not through its own HTTP
+        # server: most block reads of a file find some of their chunks here.
+        client = Client(
+            config.address, config.secret, options=options, local_chunks=self.node.own_chunks
+        )
         self.namespace = Namespace(client, lambda: int(self.node.clocks.wall() * 1000))
         if config.rename_sweep_interval_s > 0:
             self._sweeper = asyncio.create_task(self._sweep_renames())

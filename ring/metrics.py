@@ -63,6 +63,11 @@ def watch_node(metrics: PeerMetrics, node: Node) -> None:
     gauge = metrics.gauge
     gauge("sr3_peer_chunks", "Chunks stored.", lambda: node.chunks.stats().chunk_count)
     gauge("sr3_peer_stored_bytes", "Stored bytes.", lambda: node.chunks.stats().stored_bytes)
+    gauge(
+        "sr3_peer_chunk_bytes_read_locally",
+        "Stored bytes of chunks this peer's file namespace read from its own store.",
+        lambda: node.chunks.local_bytes_read,
+    )
     gauge("sr3_peer_records", "Records stored.", node.records.count)
     gauge(
         "sr3_peer_record_catch_ups",

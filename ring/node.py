@@ -57,7 +57,7 @@ from ring.tls import client_context
 from ring.transport import Timeouts as TransportTimeouts
 from ring.transport import Transport
 
-__all__ = ["Node"]
+__all__ = ["Node", "OwnChunks"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,26 @@ def _load_members(path: Path) -> list[Entry]:
         return []
 
 
+class OwnChunks:
+    """This peer's chunk store as a client running in the peer reads it (the file
+    namespace: ``ring.client.LocalChunks``). A read is foreground traffic, as a chunk GET
+    is: repair and scrubbing wait for it."""
+
+    def __init__(self, chunks: ChunkStore, foreground: ForegroundGate) -> None:
+        self._chunks = chunks
+        self._foreground = foreground
+
+    def has(self, chunk_id: str) -> bool:
+        return self._chunks.has(chunk_id)
+
+    async def read_local(self, chunk_id: str) -> bytes | None:
+        self._foreground.enter()
+        try:
+            return await self._chunks.read_local(chunk_id)
+        finally:
+            self._foreground.leave()
+
+
 class Node:
     def __init__(self, config: PeerConfig, clocks: Clocks) -> None:
         self.config = config
@@ -157,6 +177,8 @@ class Node:
         self.egress = TokenBucket(config.egress_rate_bytes_s, EGRESS_BURST_BYTES, clocks.monotonic)
         # Foreground reads in flight: repair and scrubbing yield to them.
         self.foreground = ForegroundGate(clocks.monotonic)
+        # The chunk store as this peer's own file namespace reads it.
+        self.own_chunks = OwnChunks(self.chunks, self.foreground)
         # The overlay stamps signed datagrams that other machines check against their
         # clocks (wall time) and ages the values it stores (monotonic).
         self.overlay: Overlay | None = (

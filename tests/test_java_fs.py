@@ -195,12 +195,17 @@ def test_a_peer_killed_mid_transfer_is_routed_around(
 
 
 def _chunk_bytes_served(cluster: LocalCluster) -> float:
-    """Stored bytes of chunks every peer of ``cluster`` served so far."""
+    """Stored bytes of chunks every peer of ``cluster`` served so far, to other peers or
+    read from its own store for its file namespace."""
 
     async def collect() -> float:
         async with HttpProbe(cluster.secret) as probe:
             texts = [await probe.metrics(address) for address in cluster.cluster.addresses]
-        return sum(metric_value(text, "sr3_peer_chunk_bytes_read_total") for text in texts)
+        return sum(
+            metric_value(text, "sr3_peer_chunk_bytes_read_total")
+            + metric_value(text, "sr3_peer_chunk_bytes_read_locally")
+            for text in texts
+        )
 
     return asyncio.run(collect())
 

@@ -19,7 +19,7 @@ import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import xxhash
 
@@ -33,7 +33,7 @@ from ring.placement import Member
 from ring.replicas import Hedge, read_from_replicas
 from ring.transport import Body, Transport
 
-__all__ = ["ChunkIO", "first_error"]
+__all__ = ["ChunkIO", "LocalChunks", "first_error"]
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +54,34 @@ def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
     return error
 
 
-class ChunkIO:
-    """Chunks and blobs on the ring, through a client's transport and ring view."""
+class LocalChunks(Protocol):
+    """The chunk store of the peer a client runs in (the namespace a peer serves reads
+    through its own client): ``has`` says whether it holds a chunk; ``read_local`` gives
+    a chunk's stored form, checked, or None when it is not held there, and raises
+    ``ChunkCorrupt`` for a copy that fails (which the store quarantines)."""
 
-    def __init__(self, transport: Transport, view: RingTracker, options: ClientOptions) -> None:
+    def has(self, chunk_id: str) -> bool: ...
+
+    async def read_local(self, chunk_id: str) -> bytes | None: ...
+
+
+class ChunkIO:
+    """Chunks and blobs on the ring, through a client's transport and ring view; with
+    ``local``, a chunk read takes the copy in this process's own store when it is there
+    and verifies (a chunk is immutable: any copy that matches its address is the chunk),
+    before asking replicas over the network."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        view: RingTracker,
+        options: ClientOptions,
+        local: LocalChunks | None = None,
+    ) -> None:
         self._transport = transport
         self._view = view
         self.options = options
+        self._local = local
         # How long recent chunk reads and writes took: the hedge delay of reads, the
         # grace that a write's slower replicas get once W acknowledged.
         self.read_latency = LatencyWindow()
@@ -148,11 +169,35 @@ class ChunkIO:
         )
         return read.data, read.causes
 
+    def held_locally(self, chunk_id: str) -> bool:
+        """Whether this process's own store holds ``chunk_id`` (not yet verified)."""
+        return self._local is not None and self._local.has(chunk_id)
+
+    async def fetch_local(self, chunk_id: str) -> bytes | None:
+        """The chunk from this process's own store, verified end to end as a replica's
+        copy is; None when there is no such store, it does not hold the chunk, or its copy
+        fails (the replicas are asked then)."""
+        if self._local is None:
+            return None
+        try:
+            stored = await self._local.read_local(chunk_id)
+            if stored is None:
+                return None
+            return await asyncio.to_thread(codec.decode, stored, chunk_id)
+        except (ChunkCorrupt, OSError) as exc:
+            # A copy that fails its check is quarantined by the store; a disk that fails
+            # to read it is the store's to report. Either way a replica has the chunk.
+            log.warning("chunk %s: the local copy failed (%s); reading a replica's", chunk_id, exc)
+            return None
+
     async def fetch_chunk(self, chunk_id: str) -> bytes:
         """A chunk's raw bytes, verified; from the first replica in the walk that has it.
 
         When no member of the view has it, the members a wider view adds are tried too
         (``wider_ring``): the view may have come from a peer that knows part of the ring."""
+        raw = await self.fetch_local(chunk_id)
+        if raw is not None:
+            return raw
         view = await self._view.ring()
         raw, causes = await self._read_walk(
             view.ring.candidates(chunk_id, view.replication), chunk_id

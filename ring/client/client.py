@@ -37,7 +37,7 @@ from ring import api, codec
 from ring.auth import SECRET_CHARS_MIN
 from ring.blobs import BlobRef
 from ring.client.admin import Admin, LeaveReport, RingStatus
-from ring.client.chunks import ChunkIO, first_error
+from ring.client.chunks import ChunkIO, LocalChunks, first_error
 from ring.client.options import (
     BLOB_KEY_PREFIX,
     ClientOptions,
@@ -97,6 +97,7 @@ class Client:
         *,
         options: ClientOptions = ClientOptions(),
         clock: Callable[[], float] = time.monotonic,
+        local_chunks: LocalChunks | None = None,
     ) -> None:
         ring, secret, cluster = _resolve(ring, secret)
         if options.network is None and (network := os.environ.get(NETWORK_ENV, "").strip()):
@@ -113,7 +114,9 @@ class Client:
         self.view = RingTracker(self.seeds, self._transport, options, clock)
         # Internal: unnamed chunks and blobs, for layers that name them in records of
         # their own (manifests, drills). See ``ChunkIO.put_sources``.
-        self.chunks = ChunkIO(self._transport, self.view, options)
+        # ``local_chunks``: the store of the peer this client runs in, read before the
+        # network (``ChunkIO``).
+        self.chunks = ChunkIO(self._transport, self.view, options, local_chunks)
         self.records = RecordIO(self._transport, self.view)
         self.admin = Admin(self._transport, self.view)
 
