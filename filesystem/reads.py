@@ -79,7 +79,8 @@ async def _recover(client: Client, chunk_ids: list[str]) -> dict[str, bytes]:
     fetched: dict[str, bytes] = {}
     wanted = list(dict.fromkeys(chunk_ids))
     here = [chunk_id for chunk_id in wanted if client.chunks.held_locally(chunk_id)]
-    elsewhere = [chunk_id for chunk_id in wanted if chunk_id not in set(here)]
+    held = set(here)
+    elsewhere = [chunk_id for chunk_id in wanted if chunk_id not in held]
 
     async def sink(chunk_id: str, raw: bytes | memoryview) -> None:
         fetched[chunk_id] = bytes(raw)
