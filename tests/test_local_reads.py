@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from support import HttpProbe, metric_value
+from support import HttpProbe, chunk_file, metric_value
 
 from ring import codec
 from ring.chunkstore import ChunkStore
@@ -23,7 +23,8 @@ from sr3.local import LocalCluster
 
 SECRET = "s" * 32
 LOCAL_METRIC = "sr3_peer_chunk_bytes_read_locally"
-SERVED_METRIC = "sr3_peer_chunk_bytes_read_total"
+CORRUPT_METRIC = "sr3_peer_chunks_corrupt_total"
+CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def _store(tmp_path: Path) -> ChunkStore:
@@ -110,3 +111,46 @@ async def test_a_peer_serves_a_file_from_its_own_chunks(
             local_readers += 1
     # Each of the 3 chunks is held by 3 of the 5 peers: at least 3 readers held one.
     assert local_readers >= 3, local_readers
+
+
+async def test_a_large_read_reads_local_copies_and_reads_bad_ones_from_replicas(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a file of five chunks (a large read: recovery's executor); then a flipped
+    payload bit in every copy the coordinating peer holds of them. Must hold: read whole
+    through that peer, the file is byte-identical both times; the first time the peer
+    read its own copies, the second time it quarantined them, read replicas' and kept
+    no bad copy."""
+    path = f"/tests/local-large-{rng.randrange(10**12)}/file.bin"
+    data = rng.randbytes(5 * CHUNK_BYTES - 777)
+    async with FsClient(ring.cluster.addresses[0], ring.secret) as fs:
+        await fs.write(path, data)
+    # The namespace cuts a file into 4 MiB chunks: their ids; the coordinator is the peer
+    # holding most of them.
+    ids = [codec.chunk_id(data[at : at + CHUNK_BYTES]) for at in range(0, len(data), CHUNK_BYTES)]
+
+    def held(peer_id: str) -> list[Path]:
+        copies = [chunk_file(ring, peer_id, chunk_id) for chunk_id in ids]
+        return [copy for copy in copies if copy.is_file()]
+
+    peer = max(ring.cluster.peers, key=lambda candidate: len(held(candidate.peer_id)))
+    own = held(peer.peer_id)
+    assert own, "no peer holds the file's chunks where expected"
+    async with FsClient(peer.address, ring.secret) as fs:
+        before = await _metric(peer.address, ring.secret, LOCAL_METRIC)
+        assert await fs.read(path) == data
+        assert await _metric(peer.address, ring.secret, LOCAL_METRIC) > before
+        for chunk in own:
+            damaged = bytearray(chunk.read_bytes())
+            damaged[codec.HEADER_BYTES + 1000] ^= 0x10
+            chunk.write_bytes(bytes(damaged))
+        corrupt_before = await _metric(peer.address, ring.secret, CORRUPT_METRIC)
+        local_before = await _metric(peer.address, ring.secret, LOCAL_METRIC)
+        assert await fs.read(path) == data
+    assert await _metric(peer.address, ring.secret, CORRUPT_METRIC) - corrupt_before == len(own)
+    assert await _metric(peer.address, ring.secret, LOCAL_METRIC) == local_before
+    # The bad copies left the chunk folders; a copy there now (the peer fetched a good
+    # one back after quarantining its own) is good.
+    for chunk in own:
+        if chunk.exists():
+            codec.check_content(chunk.read_bytes(), chunk.name)
