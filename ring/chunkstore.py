@@ -96,9 +96,6 @@ class ChunkStore:
         self._verified: set[str] = set()
         self._quarantining: set[str] = set()
         self._stored_bytes = 0
-        # Stored bytes ``read_local`` gave to clients in this process (not served over
-        # HTTP).
-        self.local_bytes_read = 0
         self._quarantined = 0
         self.on_corrupt: Callable[[str, str], None] | None = None
 
@@ -233,14 +230,6 @@ class ChunkStore:
             verified = chunk_id in self._verified
             check = codec.verify_stored if verified else codec.check_content
             await self._check(chunk_id, stored, check)
-        return stored
-
-    async def read_local(self, chunk_id: str) -> bytes | None:
-        """``get`` for a client running in this process (the file namespace's reads),
-        counted in ``local_bytes_read``."""
-        stored = await self.get(chunk_id)
-        if stored is not None:
-            self.local_bytes_read += len(stored)
         return stored
 
     async def verify(self, chunk_id: str) -> bool:

@@ -66,7 +66,7 @@ def watch_node(metrics: PeerMetrics, node: Node) -> None:
     gauge(
         "sr3_peer_chunk_bytes_read_locally",
         "Stored bytes of chunks this peer's file namespace read from its own store.",
-        lambda: node.chunks.local_bytes_read,
+        lambda: node.own_chunks.bytes_read,
     )
     gauge("sr3_peer_records", "Records stored.", node.records.count)
     gauge(

@@ -122,11 +122,12 @@ def _load_members(path: Path) -> list[Entry]:
 class OwnChunks:
     """This peer's chunk store as a client running in the peer reads it (the file
     namespace: ``ring.client.LocalChunks``). A read is foreground traffic, as a chunk GET
-    is: repair and scrubbing wait for it."""
+    is: repair and scrubbing wait for it. ``bytes_read``: the stored bytes it gave."""
 
     def __init__(self, chunks: ChunkStore, foreground: ForegroundGate) -> None:
         self._chunks = chunks
         self._foreground = foreground
+        self.bytes_read = 0
 
     def has(self, chunk_id: str) -> bool:
         return self._chunks.has(chunk_id)
@@ -134,9 +135,12 @@ class OwnChunks:
     async def read_local(self, chunk_id: str) -> bytes | None:
         self._foreground.enter()
         try:
-            return await self._chunks.read_local(chunk_id)
+            stored = await self._chunks.get(chunk_id)
         finally:
             self._foreground.leave()
+        if stored is not None:
+            self.bytes_read += len(stored)
+        return stored
 
 
 class Node:

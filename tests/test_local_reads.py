@@ -33,6 +33,11 @@ def _store(tmp_path: Path) -> ChunkStore:
     return store
 
 
+def _own(store: ChunkStore) -> OwnChunks:
+    """The store as a peer's namespace client reads it."""
+    return OwnChunks(store, ForegroundGate(lambda: 0.0))
+
+
 async def test_a_chunk_held_here_is_read_without_the_network(
     tmp_path: Path, rng: random.Random
 ) -> None:
@@ -42,9 +47,10 @@ async def test_a_chunk_held_here_is_read_without_the_network(
     raw = rng.randbytes(100_000)
     chunk_id, stored = codec.encode(raw)
     await store.put(chunk_id, stored)
-    async with Client("127.0.0.1:9", SECRET, local_chunks=store) as client:
+    own = _own(store)
+    async with Client("127.0.0.1:9", SECRET, local_chunks=own) as client:
         assert await client.chunks.fetch_chunk(chunk_id) == raw
-    assert store.local_bytes_read == len(stored)
+    assert own.bytes_read == len(stored)
 
 
 async def test_a_local_read_is_foreground_traffic(tmp_path: Path, rng: random.Random) -> None:
@@ -79,10 +85,11 @@ async def test_a_bad_local_copy_is_quarantined_and_a_replica_read_instead(
     damaged = bytearray(path.read_bytes())
     damaged[codec.HEADER_BYTES + 100] ^= 0x04
     path.write_bytes(bytes(damaged))
-    async with Client(ring.ring, ring.secret, local_chunks=store) as client:
+    own = _own(store)
+    async with Client(ring.ring, ring.secret, local_chunks=own) as client:
         assert await client.chunks.fetch_chunk(chunk_id) == raw
     assert not store.has(chunk_id)
-    assert store.local_bytes_read == 0
+    assert own.bytes_read == 0
 
 
 async def _metric(address: str, secret: str, name: str) -> float:

@@ -177,7 +177,7 @@ class ChunkIO:
         """The chunk from this process's own store, verified end to end as a replica's
         copy is; None when there is no such store, it does not hold the chunk, or its copy
         fails (the replicas are asked then)."""
-        if self._local is None:
+        if self._local is None or not self._local.has(chunk_id):
             return None
         try:
             stored = await self._local.read_local(chunk_id)
