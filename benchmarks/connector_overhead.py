@@ -194,6 +194,7 @@ def measure_overhead(bench: Bench, provider: str) -> dict[str, Any]:
     sides: list[Side] = []
     sync = RecordingSync(cluster.ring, name, root / "ckpt-with", cluster.secret)
     try:
+        sync.attach(spark)  # every batch's plan on the ring before it runs
         for label, side_sync in (("with", sync), ("without", None)):
             input_dir = root / f"in-{label}"
             input_dir.mkdir(parents=True)

@@ -46,6 +46,7 @@ def build_state(bench: Bench, input_dir: Path, checkpoint: Path) -> dict[str, An
     settings, cluster = bench.settings, bench.cluster
     target_bytes = settings.state_mib * MIB
     sync = RecordingSync(cluster.ring, RESTART_QUERY, checkpoint, cluster.secret)
+    sync.attach(bench.spark)  # every batch's plan on the ring before it runs
     query = start_keys_query(bench.spark, input_dir, sync.checkpoint_dir)
     steps: list[dict[str, Any]] = []
     state_bytes = state_files = 0

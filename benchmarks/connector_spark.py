@@ -69,6 +69,8 @@ def write_ids(directory: Path, index: int, first_id: int, count: int) -> Path:
 def start_spark(settings: Settings, local_dir: Path) -> Any:
     from pyspark.sql import SparkSession
 
+    from spark_connector.plan_hook import local_conf
+
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback from the JVM's start
     session = (
         SparkSession.builder.master(f"local[{settings.spark_cores}]")
@@ -82,6 +84,8 @@ def start_spark(settings: Settings, local_dir: Path) -> Any:
         .config("spark.sql.shuffle.partitions", str(settings.partitions))
         # One batch per input file: no extra batch to evict after the watermark moved.
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # sr3's jar and checkpoint file manager: StateSync puts each plan on the ring.
+        .config(map=local_conf())
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

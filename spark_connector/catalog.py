@@ -2,7 +2,8 @@
 
 A query's batches on the ring are the manifests listed under its prefix (a manifest is
 complete when it exists, so no pointer is kept): ``ring_queries`` lists them,
-``latest_batch`` is the highest, and ``forget`` deletes all but the newest few. Chunks no
+``latest_batch`` is the highest, and ``forget`` deletes all but the newest few (and the
+plans of batches no longer after the newest: ``spark_connector.plans``). Chunks no
 remaining manifest references are collected by the peers once their grace period has
 passed (``ring.gc``).
 """
@@ -11,9 +12,16 @@ from __future__ import annotations
 
 from ring.errors import ConfigError, RecordConflict
 from ring.sync_client import SyncClient
-from spark_connector.manifest import manifest_key, manifests_prefix
+from spark_connector.manifest import manifest_key, manifests_prefix, plans_prefix
 
-__all__ = ["delete_manifest", "forget", "latest_batch", "query_batches", "ring_queries"]
+__all__ = [
+    "delete_manifest",
+    "delete_plans",
+    "forget",
+    "latest_batch",
+    "query_batches",
+    "ring_queries",
+]
 
 
 def ring_queries(client: SyncClient, query: str | None = None) -> dict[str, list[int]]:
@@ -48,7 +56,32 @@ def forget(client: SyncClient, query: str, keep: int) -> list[int]:
     doomed = batches[: max(0, len(batches) - keep)]
     for batch_id in doomed:
         delete_manifest(client, query, batch_id)
+    # A plan is of the batch after the newest manifest: those up to it are stale, and
+    # with no manifest kept, the rest go too.
+    if keep == 0:
+        delete_plans(client, query)
+    elif batches:
+        delete_plans(client, query, batches[-1])
     return doomed
+
+
+def delete_plans(client: SyncClient, query: str, up_to: int | None = None) -> list[int]:
+    """Delete ``query``'s plans (``spark_connector.plans``) of batches up to ``up_to``
+    (None: all of them); the batch ids deleted, oldest first."""
+    deleted = []
+    for key, version in sorted(client.list_records(plans_prefix(query)).items()):
+        name = key.rsplit("/", 1)[-1]
+        if not name.isascii() or not name.isdigit():
+            continue
+        batch_id = int(name)
+        if up_to is not None and batch_id > up_to:
+            continue
+        try:
+            client.delete_record(key, expected_version=version)
+        except RecordConflict:
+            continue  # written again since the listing: whoever did keeps it
+        deleted.append(batch_id)
+    return deleted
 
 
 def delete_manifest(client: SyncClient, query: str, batch_id: int, version: int = 0) -> None:

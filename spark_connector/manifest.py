@@ -33,6 +33,8 @@ __all__ = [
     "format_wall",
     "manifest_key",
     "manifests_prefix",
+    "plan_key",
+    "plans_prefix",
 ]
 
 MANIFEST_FORMAT = 2
@@ -58,6 +60,16 @@ def manifests_prefix(query: str) -> str:
 
 def manifest_key(query: str, batch_id: int) -> str:
     return f"{manifests_prefix(query)}{batch_id:012d}"
+
+
+def plans_prefix(query: str) -> str:
+    """Where a query's plans are (``spark_connector.plans``): at most the batch after
+    its newest manifest, for long."""
+    return f"spark/{check_query_name(query)}/plans/"
+
+
+def plan_key(query: str, batch_id: int) -> str:
+    return f"{plans_prefix(query)}{batch_id:012d}"
 
 
 @dataclass(frozen=True, slots=True)

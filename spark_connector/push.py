@@ -208,6 +208,11 @@ class Pusher:
             cut.batch_id, len(files), manifest.size, sum(size for _, size, _ in fresh), version
         )
 
+    def pushed_files(self) -> dict[str, tuple[int, int]]:
+        """The files of the newest cut this pusher put on the ring, by path, as (size,
+        mtime_ns) when it listed them: what the ring holds of the directory now."""
+        return {path: (size, mtime_ns) for path, (size, mtime_ns, _blob) in self._known.items()}
+
     def _read_query_id(self, entries: tuple[FileEntry, ...]) -> str | None:
         """The query id in the cut's ``metadata`` (read again only when it changed)."""
         metadata = next((entry for entry in entries if entry.path == "metadata"), None)
@@ -291,8 +296,17 @@ class PushWorker:
         self._changed = threading.Condition()
         self._newest_committed = -1
         self._newest_pushed = -1
+        # The newest batch whose pushes failed PUSH_FAILURES_MAX times in a row: not
+        # tried again until a newer batch commits or a flush asks for it.
+        self._given_up = -1
+        # Why the loop ended for good (fenced, the client closed), for waiters.
+        self._stopped: SR3Error | None = None
         self._closing = False
         self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
 
     def start(self) -> None:
         """Start the thread: from now on every ``committed(batch)`` is pushed."""
@@ -342,11 +356,10 @@ class PushWorker:
 
     def _loop(self) -> None:
         failures = 0
-        given_up = -1
         while True:
             with self._changed:
                 while not self._closing and self._newest_committed <= max(
-                    self._newest_pushed, given_up
+                    self._newest_pushed, self._given_up
                 ):
                     self._changed.wait()
                 if self._closing:
@@ -358,6 +371,7 @@ class PushWorker:
                 # Another application holds the query now: nothing this one pushes may land.
                 self.last_error = str(exc)
                 log.error("sr3 push of batch %d refused, pushing stops: %s", wanted, exc)
+                self._stop(exc)
                 return
             except SR3Error as exc:
                 failures += 1
@@ -365,9 +379,13 @@ class PushWorker:
                 self.last_error = str(exc)
                 log.error("sr3 push of batch %d failed (%d in a row): %s", wanted, failures, exc)
                 if failures >= PUSH_FAILURES_MAX:
-                    # Bounded retries: wait for the next commit, whose cut may succeed.
+                    # Bounded retries: wait for the next commit (or a flush), whose cut
+                    # may succeed.
                     log.error("sr3 gives up pushing batch %d; waiting for a newer one", wanted)
-                    given_up, failures = wanted, 0
+                    with self._changed:
+                        self._given_up = wanted
+                        self._changed.notify_all()
+                    failures = 0
                     continue
                 with self._changed:
                     self._changed.wait(min(PUSH_RETRY_S_MAX, 0.5 * 2**failures))
@@ -375,6 +393,7 @@ class PushWorker:
             except (CancelledError, SyncClientClosed) as exc:
                 # The client was closed under the push: the process exits without close().
                 log.warning("sr3 push of batch %d abandoned: %r", wanted, exc)
+                self._stop(SR3Error(f"pushing stopped: the client was closed ({exc!r})"))
                 return
             failures = 0
             with self._changed:
@@ -382,6 +401,12 @@ class PushWorker:
                 self._changed.notify_all()
             LAG_GAUGE.labels(self.query).set(self.lag_batches)
             PUSHED_GAUGE.labels(self.query).set(self._newest_pushed)
+
+    def _stop(self, why: SR3Error) -> None:
+        """The loop ends for good: waiters are told why instead of timing out."""
+        with self._changed:
+            self._stopped = why
+            self._changed.notify_all()
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until the newest batch committed in the checkpoint directory is on the
@@ -397,14 +422,27 @@ class PushWorker:
     def throttle(self, max_lag_batches: int, timeout_s: float = 600.0) -> None:
         """Wait until pushing is at most ``max_lag_batches`` behind the newest committed
         batch."""
+        self.wait_pushed(self._newest_committed - max_lag_batches, timeout_s)
+
+    def wait_pushed(self, batch_id: int, timeout_s: float) -> None:
+        """Wait until batch ``batch_id`` (or a newer one) is on the ring, pushing it if
+        it committed and is not (a batch given up on is tried again). ``SR3Error`` when
+        ``timeout_s`` passed first; ``Fenced`` at once when pushing stopped so."""
         deadline = self._clock() + timeout_s
         with self._changed:
-            while self._newest_pushed < self._newest_committed - max_lag_batches:
+            if batch_id > self._newest_pushed:
+                self._newest_committed = max(self._newest_committed, batch_id)
+                if self._given_up >= batch_id:
+                    self._given_up = -1
+                self._changed.notify_all()
+            while self._newest_pushed < batch_id:
+                if self._stopped is not None:
+                    raise self._stopped
                 left = deadline - self._clock()
                 if left <= 0 or self._thread is None:
                     raise SR3Error(
-                        f"batch {self._newest_committed} of query {self.query} is not on the "
-                        f"ring after {timeout_s:.0f} s (pushed: {self._newest_pushed}; "
-                        f"last error: {self.last_error})"
+                        f"batch {batch_id} of query {self.query} is not on the ring after "
+                        f"{timeout_s:.0f} s (pushed: {self._newest_pushed}; last error: "
+                        f"{self.last_error})"
                     )
                 self._changed.wait(left)

@@ -64,6 +64,8 @@ from spark_connector.fs_checkpoints import SCHEME, fs_path_of
 from spark_connector.fs_client import FsClient
 from spark_connector.lease import LeaseState, QueryLease
 from spark_connector.manifest import check_query_name
+from spark_connector.plan_hook import check_session
+from spark_connector.plans import place_plan
 from spark_connector.pull import Puller, PullReport
 from spark_connector.push import KEEP_BATCHES_DEFAULT
 from spark_connector.restore import read_manifest
@@ -147,7 +149,9 @@ class Takeover:
     """How this application came to hold the query: from whom (None: no one held it,
     or it was released), with which fence, resuming after which batch, how long the
     lease was seen unchanged before it was taken, and how long the catch-up and the
-    query's start took."""
+    query's start took. ``planned``: the batch after ``resumed_after`` that the previous
+    holder planned, laid down from the ring so that it runs with the same offsets (a
+    local checkpoint's; None when there was none)"""
 
     fence: int
     previous: Lease | None
@@ -156,6 +160,7 @@ class Takeover:
     catch_up_bytes: int
     catch_up_s: float
     start_s: float
+    planned: int | None = None
 
 
 class Standby:
@@ -267,6 +272,9 @@ class Standby:
         if self._prepared:
             return
         if self._puller is not None:
+            spark = self._session()
+            if spark is not None:
+                check_session(spark)  # before waiting: a takeover would be refused
             self._pull(None)  # a whole restore first: the rest are increments
         self._warm_spark()
         self._prepared = True
@@ -462,12 +470,16 @@ class Standby:
         took_at = self._clock()
         previous, waited = self.lease.taken_from, self.lease.taken_after_s
         catch_up_bytes = 0
+        planned = None
         if self._puller is not None:
             before = self.last_pull
             self._pull(None)  # the newest pushed batch: the last push may have landed
             if self.last_pull is not before and self.last_pull is not None:
                 catch_up_bytes = self.last_pull.bytes_fetched
             resumed = self._puller.batch_id
+            # The batch the old holder planned after it, as it planned it.
+            placed = place_plan(self._client, self.query, Path(self.checkpoint), resumed)
+            planned = None if placed is None else placed.plan.batch_id
         else:
             self._follow_commits()
             resumed = self._seen_batch
@@ -486,20 +498,24 @@ class Standby:
             )  # fmt: skip
             if resumed is not None:
                 self.sync.resumed(resumed)
+            spark = self._session()
+            if spark is not None:
+                self.sync.attach(spark)
         self.streaming_query = self._start()
         if self.sync is not None and self.streaming_query is not None:
             self.sync.register(self.streaming_query, self._session())
         started = self._clock()
         self.takeover = Takeover(
             self.lease.fence, previous, resumed, waited, catch_up_bytes,
-            caught_up - took_at, started - caught_up,
+            caught_up - took_at, started - caught_up, planned,
         )  # fmt: skip
         log.warning(
-            "sr3 %s took query %s over with fence %d from %s, resuming after batch %s "
+            "sr3 %s took query %s over with fence %d from %s, resuming after batch %s%s "
             "(lease seen unchanged %.2f s; caught up %d bytes in %.2f s; query started in "
             "%.2f s)", self.lease.holder, self.query, self.lease.fence,
             "no one" if previous is None else f"{previous.holder} (fence {previous.fence})",
-            resumed, waited, catch_up_bytes, caught_up - took_at, started - caught_up,
+            resumed, "" if planned is None else f" with batch {planned} as it was planned",
+            waited, catch_up_bytes, caught_up - took_at, started - caught_up,
         )  # fmt: skip
         return self.streaming_query
 

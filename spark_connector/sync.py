@@ -11,6 +11,12 @@ The facade a Spark driver uses; it holds the ring client and composes the parts:
   ``throttle(max_lag_batches)`` called at the start of ``foreachBatch`` holds the query
   back while pushing is more than that many batches behind (a query that must not
   outrun its recovery point);
+- ``start_query(writer)`` starts the query with the checkpoint directory and pushes every
+  batch it commits; before each batch runs, its plan (the offset log entry and the
+  source log files that fix its input) is put on the ring, after the previous batch's
+  manifest (``spark_connector.plans``: Spark's checkpoint file manager hands the entry
+  over through ``spark_connector.plan_hook``), so that whoever resumes the query runs
+  that batch with the same input. ``register(query)`` for a query started by hand;
 - ``restore()``, the call to make before every start, brings the checkpoint directory to
   the newest (or a given) batch: it fetches the manifest along a recovery topology into
   an empty directory or over an earlier state of the same query, keeps a directory that
@@ -42,6 +48,8 @@ from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import forget, latest_batch, query_batches, ring_queries
 from spark_connector.lease import QueryLease
 from spark_connector.manifest import Manifest, check_query_name
+from spark_connector.plan_hook import PlanHook, hook_plans, unhook_plans
+from spark_connector.plans import PlacedPlan, PlanWriter, place_plan
 from spark_connector.push import (
     KEEP_BATCHES_DEFAULT,
     LAG_BATCHES_WARN_DEFAULT,
@@ -72,6 +80,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# How long a batch's plan waits for the previous batch's manifest to reach the ring
+# before the batch fails (the query stops rather than run ahead of its recovery point).
+PLAN_WAIT_S_DEFAULT = 600.0
+PLAN_WAIT_S_MAX = 86_400.0
+
 
 class StateSync:
     def __init__(
@@ -86,8 +99,12 @@ class StateSync:
         keep_batches: int = KEEP_BATCHES_DEFAULT,
         recheck_s: float = RECHECK_S_DEFAULT,
         lease: QueryLease | None = None,
+        plan_wait_s: float = PLAN_WAIT_S_DEFAULT,
     ) -> None:
         self.query = check_query_name(query)
+        if not 0 < plan_wait_s <= PLAN_WAIT_S_MAX:
+            raise ConfigError(f"plan_wait_s is in (0, {PLAN_WAIT_S_MAX:.0f}] seconds")
+        self.plan_wait_s = plan_wait_s
         if keep_batches < 1:
             raise ConfigError("keep_batches must be at least 1 (the newest batch is kept)")
         if recheck_s < 0:
@@ -111,6 +128,19 @@ class StateSync:
             guard=None if lease is None else lease.check_fence,
             fence=None if lease is None else (lambda: lease.fence),
         )
+        self._planner = PlanWriter(
+            self._client,
+            self.query,
+            self.checkpoint_dir,
+            pushed=self._pusher.pushed_files,
+            guard=None if lease is None else lease.check_fence,
+            fence=None if lease is None else (lambda: lease.fence),
+        )
+        # The session whose offset log entries of this checkpoint are hooked (attach).
+        self._hooked: Any = None
+        self._hook: PlanHook | None = None
+        # What the last restore() laid down of the next batch's plan, if anything.
+        self.last_plan: PlacedPlan | None = None
         # The worker calls self.push: what a subclass adds to a push holds for its pushes.
         self._worker = PushWorker(
             self.query, self.checkpoint_dir, self.push, lag_batches_warn=lag_batches_warn
@@ -152,6 +182,9 @@ class StateSync:
             self._closed = True
         if restorer is not None:
             restorer.shutdown(wait=True)
+        if self._hooked is not None:
+            unhook_plans(self._hooked, str(self.checkpoint_dir))
+            self._hooked = None
         self._worker.close()
         if self._listener is not None and self._spark_streams is not None:
             self._spark_streams.removeListener(self._listener)
@@ -171,22 +204,84 @@ class StateSync:
 
     # -- pushing on every commit ----------------------------------------------------------
 
+    def start_query(self, writer: Any, spark: Any = None) -> Any:
+        """Start ``writer`` (a ``DataStreamWriter``) with this checkpoint directory, every
+        batch's plan put on the ring before the batch runs (``attach``) and every batch
+        it commits pushed (``register``); the started ``StreamingQuery``."""
+        spark = self._spark(spark)
+        self.attach(spark)
+        query = writer.option("checkpointLocation", str(self.checkpoint_dir)).start()
+        self.register(query, spark)
+        return query
+
+    def attach(self, spark: Any = None) -> None:
+        """Before the query starts: every offset log entry Spark writes in the checkpoint
+        directory (the plan of a batch) reaches the ring before the batch runs, after the
+        previous batch's manifest. The session needs sr3's jar and checkpoint file manager
+        (``spark_connector.local_conf()``; ``ConfigError`` otherwise). Pushing starts."""
+        self._check_not_restoring("attach to a session")
+        spark = self._spark(spark)
+        if self._hooked is spark:
+            return
+        if self._hook is None:
+            self._hook = PlanHook(self._planned)
+        hook_plans(spark, str(self.checkpoint_dir), self._hook)
+        self._hooked = spark
+        if not self._worker.started:
+            self.start()
+
     def register(self, query: Any, spark: Any = None) -> None:
         """Push every batch ``query`` commits from now on (the newest first). ``spark``
-        is the query's SparkSession (default: the active one)."""
+        is the query's SparkSession (default: the active one). A query started without
+        ``attach`` is attached now: the batches it planned before are not on the ring
+        (a restart elsewhere may plan them again), which is logged."""
         from spark_connector.listener import make_listener
 
         self._check_not_restoring("register a query")
-        if spark is None:
-            from pyspark.sql import SparkSession
-
-            spark = SparkSession.getActiveSession()
-            if spark is None:
-                raise ConfigError("no active SparkSession: pass register(query, spark=...)")
-        self.start()
+        spark = self._spark(spark)
+        if self._hooked is None:
+            self.attach(spark)
+            log.warning(
+                "sr3 query %s started before StateSync.attach(): the batch it runs now may "
+                "be planned anew by a restart elsewhere; start it with "
+                "StateSync.start_query(writer)", self.query,
+            )  # fmt: skip
+        elif not self._worker.started:
+            self.start()
         self._spark_streams = spark.streams
         self._listener = make_listener(str(query.id), self.committed)
         self._spark_streams.addListener(self._listener)
+
+    @staticmethod
+    def _spark(spark: Any) -> Any:
+        if spark is not None:
+            return spark
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is None:
+            raise ConfigError("no active SparkSession: pass spark=...")
+        return active
+
+    def _planned(self, batch_id: int, offsets: bytes) -> None:
+        """Spark is about to run ``batch_id`` with ``offsets`` (on the query's thread):
+        the previous batch's manifest on the ring first, then this batch's plan."""
+        try:
+            if batch_id > 0:
+                if not (self.checkpoint_dir / "commits" / str(batch_id - 1)).exists():
+                    raise SR3Error(
+                        f"batch {batch_id} of query {self.query} is planned before batch "
+                        f"{batch_id - 1} committed (asynchronous progress tracking): StateSync "
+                        "cannot keep such a query's plans on the ring"
+                    )
+                self._worker.wait_pushed(batch_id - 1, self.plan_wait_s)
+            self._planner.write(batch_id, offsets)
+        except SR3Error as exc:
+            log.error(
+                "sr3: batch %d of query %s does not run: its plan is not on the ring: %s",
+                batch_id, self.query, exc,
+            )  # fmt: skip
+            raise
 
     def start(self) -> None:
         """Start the push worker: from now on every ``committed(batch)`` is pushed."""
@@ -304,6 +399,7 @@ class StateSync:
             manifest = self.manifest(batch_id)
         if manifest is None:
             log.info("sr3 ring holds no batch of query %s: nothing restored", self.query)
+            self.last_plan = place_plan(self._client, self.query, self.checkpoint_dir, None)
             return None
         report = restore_manifest(
             self._client,
@@ -315,4 +411,5 @@ class StateSync:
         )
         self.last_restore = report
         self._worker.restored(report.batch_id, on_ring=manifest.batch_id)
+        self.last_plan = place_plan(self._client, self.query, self.checkpoint_dir, report.batch_id)
         return report.batch_id

@@ -229,8 +229,12 @@ def _write_atomically(path: Path, text: str) -> None:
 def _session(app_name: str) -> Any:
     from pyspark.sql import SparkSession
 
+    from spark_connector.plan_hook import local_conf
+
     builder = SparkSession.builder.master("local[2]").appName(app_name)
-    for key, value in {**SPARK_CONF, **scratch_conf()}.items():
+    # sr3's jar and checkpoint file manager: StateSync puts each batch's plan on the ring
+    # before the batch runs.
+    for key, value in {**SPARK_CONF, **scratch_conf(), **local_conf()}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -254,6 +258,13 @@ def _start_query(
     spark: Any, input_dir: str, checkpoint_dir: str, output_dir: str, trigger_s: float | None
 ) -> Any:
     """Start the query; ``trigger_s`` None: ``availableNow`` (stops when the input is done)."""
+    return _writer(spark, input_dir, checkpoint_dir, output_dir, trigger_s).start()
+
+
+def _writer(
+    spark: Any, input_dir: str, checkpoint_dir: str, output_dir: str, trigger_s: float | None
+) -> Any:
+    """The query's ``DataStreamWriter``, not started."""
     from pyspark.sql import functions
     from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
@@ -274,8 +285,8 @@ def _start_query(
         .option("checkpointLocation", checkpoint_dir)
     )
     if trigger_s is None:
-        return writer.trigger(availableNow=True).start()
-    return writer.trigger(processingTime=f"{trigger_s} seconds").start()
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{trigger_s} seconds")
 
 
 def _finish(query: Any, started: float) -> RunSummary:
@@ -288,23 +299,14 @@ def _finish(query: Any, started: float) -> RunSummary:
     return RunSummary(max(input_rows, default=-1), input_rows, time.monotonic() - started)
 
 
-def _register(sync: StateSync, query: Any, spark: Any) -> None:
-    """``sync.register(query)``. The connector reads ``query.sparkSession``, which PySpark's
-    ``StreamingQuery`` does not have (4.3, classic and Connect), so the session the query
-    runs in is attached first."""
-    if not hasattr(query, "sparkSession"):
-        query.sparkSession = spark
-    sync.register(query)
-
-
 def run(args: JobArgs, settings: Settings) -> int:
     """The driver that gets killed: runs until SIGKILL (or ``run_s_max``, then exit 3)."""
     spark = _session("sr3-demo-driver")
-    query = _start_query(
-        spark, args.input_dir, args.checkpoint_dir, args.output_dir, args.trigger_s
-    )
     sync = StateSync(settings.ring, args.query, args.checkpoint_dir, settings.secret)
-    _register(sync, query, spark)
+    query = sync.start_query(
+        _writer(spark, args.input_dir, args.checkpoint_dir, args.output_dir, args.trigger_s),
+        spark,
+    )
     print(f"driver {os.getpid()}: query {query.id} running", flush=True)
     try:
         if query.awaitTermination(args.run_s_max):

@@ -24,6 +24,7 @@ credential for ``sr3://`` from ``SR3_CREDENTIAL``, when set).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -146,6 +147,11 @@ def _session(job: StandbyJob) -> Any:
         credential = os.environ.get("SR3_CREDENTIAL") or None
         secret = None if credential else os.environ.get("SR3_SECRET")
         conf.update(spark_conf(os.environ.get("SR3_RING"), secret, credential=credential))
+    else:
+        from spark_connector.plan_hook import local_conf
+
+        # StateSync puts each batch's plan on the ring through sr3's checkpoint manager.
+        conf.update(local_conf())
     if job.master.startswith("local-cluster"):
         from sr3.cluster_app import local_cluster_conf
 
@@ -195,15 +201,38 @@ def demo_query(spark: Any, job: StandbyJob) -> Any:
 
 
 def _builder(app: str) -> Callable[[Any, StandbyJob], Any]:
+    """The function ``app`` names: ``module:function`` (a module importable here: on
+    ``PYTHONPATH``, or in the current folder) or ``path/to/file.py:function``."""
     if not app:
         return demo_query
-    module_name, _, function_name = app.partition(":")
+    module_name, _, function_name = app.rpartition(":")
     if not module_name or not function_name:
-        raise ConfigError("app: module:function")
-    function = getattr(importlib.import_module(module_name), function_name, None)
+        raise ConfigError("app: module:function or path/to/file.py:function")
+    if module_name.endswith(".py"):
+        module = _module_from_file(Path(module_name))
+    else:
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"app: cannot import {module_name} ({exc}); put its folder on PYTHONPATH, "
+                "run from it, or name the file: path/to/file.py:function"
+            ) from exc
+    function = getattr(module, function_name, None)
     if not callable(function):
         raise ConfigError(f"app: {app} is not a function")
     return function  # type: ignore[no-any-return]
+
+
+def _module_from_file(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(f"sr3_app_{path.stem}", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise ConfigError(f"app: {path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(job: StandbyJob) -> int:
@@ -228,7 +257,8 @@ def run(job: StandbyJob) -> int:
         events.write(
             "took_over", holder=standby.lease.holder, fence=takeover.fence,
             previous=None if previous is None else previous.holder,
-            resumed_after=takeover.resumed_after, waited_s=takeover.waited_s,
+            resumed_after=takeover.resumed_after, planned=takeover.planned,
+            waited_s=takeover.waited_s,
             catch_up_bytes=takeover.catch_up_bytes, catch_up_s=takeover.catch_up_s,
             start_s=takeover.start_s,
         )  # fmt: skip

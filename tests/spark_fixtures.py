@@ -71,6 +71,8 @@ def spark() -> Iterator[Any]:
     require_spark()
     from pyspark.sql import SparkSession
 
+    from spark_connector.plan_hook import local_conf
+
     # Loopback from the JVM's first line on (spark.driver.host applies later), and
     # Python workers from this interpreter, which has pandas and pyarrow.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -84,6 +86,8 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "200ms")
         .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", "2")
+        # sr3's jar and checkpoint file manager: StateSync's plans (and sr3:// paths).
+        .config(map=local_conf())
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -30,7 +30,8 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  *
  * <p>Any other scheme (a {@code file://} checkpoint in the same application) goes to the
  * manager Spark would have picked: FileContext's, or FileSystem's where FileContext has
- * no implementation.
+ * no implementation; the offset log entries of a local checkpoint that {@code StateSync}
+ * hooked ({@link Sr3Plans}) reach the ring before they appear.
  */
 public class Sr3CheckpointFileManager implements CheckpointFileManager {
   private final CheckpointFileManager other;
@@ -63,7 +64,7 @@ public class Sr3CheckpointFileManager implements CheckpointFileManager {
   @Override
   public CancellableFSDataOutputStream createAtomic(Path path, boolean overwriteIfPossible) {
     if (other != null) {
-      return other.createAtomic(path, overwriteIfPossible);
+      return Sr3Plans.wrap(path, other.createAtomic(path, overwriteIfPossible));
     }
     Sr3OutputStream stream = new Sr3OutputStream(fs.client(), fs.pathOf(path), overwriteIfPossible);
     return new CancellableFSDataOutputStream(stream) {
