@@ -69,7 +69,8 @@ def _block(stdout: str, query: str) -> list[str]:
 
 def _write_records(client: SyncClient, driven: str, leased: str, now: float) -> None:
     """``driven``: two batches, a lease (fence 2, a 120 s timeout: fresh however slow
-    the listing) renewed just now noting batch 7, one standby a batch behind.
+    the listing) renewed just now noting batch 7, one standby a batch behind (its status
+    written before that batch, saying it was not).
     ``leased``: a lease only, not renewed for 100 s, and a standby silent as long."""
     for batch_id in (6, 7):
         client.put_record(manifest_key(driven, batch_id), b"{}", expected_version=0)
@@ -79,7 +80,8 @@ def _write_records(client: SyncClient, driven: str, leased: str, now: float) -> 
         .renewed(now - 0.5, {"batch": 7})
     )
     client.put_record(lease_key(driven), lease.encode(), expected_version=0)
-    status = StandbyStatus("host-b:202", "sync", 6, 1, 123456, 4096, now - 1)
+    # It reported no lag when it wrote this; the listing counts it against batch 7.
+    status = StandbyStatus("host-b:202", "sync", 6, 0, 123456, 4096, now - 1)
     client.put_record(standbys_prefix(driven) + "host-b:202", status.encode(), expected_version=0)
 
     stale = first_lease("host-c:303", 3.0, now - 300).renewed(now - 100, {"batch": 41})

@@ -136,11 +136,28 @@ def _query_entries(
                 lease = None if found is None else _describe_lease(found, now)
             except (ProtocolError, ConfigError) as exc:  # not a lease, or not a query name
                 lease = {"error": str(exc)}
+        described = _read_standbys(client, sorted(standbys.get(name, [])), now)
+        _behind_now(described, batches, lease)
         entries.append({
             "query": name, "batches": batches, "latest": batches[-1] if batches else None,
-            "lease": lease, "standbys": _read_standbys(client, sorted(standbys.get(name, [])), now),
+            "lease": lease, "standbys": described,
         })  # fmt: skip
     return entries
+
+
+def _behind_now(
+    standbys: list[dict[str, Any]], batches: list[int], lease: dict[str, Any] | None
+) -> None:
+    """Each standby's lag in batches as of this listing: the newest batch the ring
+    knows (its newest manifest, or the one the holder noted in the lease) less the
+    standby's, not the lag it reported when it last wrote its status."""
+    known = [*batches[-1:], *([lease["batch"]] if lease and lease.get("batch") is not None else [])]
+    if not known:
+        return
+    newest = max(known)
+    for standby in standbys:
+        if standby.get("batch") is not None:
+            standby["behind_batches"] = max(0, newest - standby["batch"])
 
 
 def _read_standbys(client: SyncClient, keys: list[str], now: float) -> list[dict[str, Any]]:
@@ -404,8 +421,16 @@ def _duration_option(
 @click.option("--sink", type=click.Choice(SINKS), default="foreach", show_default=True,
               help="The demo query's sink: foreachBatch (a JSON file per batch) or Spark's "
                    "parquet file sink.")  # fmt: skip
-@click.option("--app", help="module:function(spark, job) building the query's DataStreamWriter, "
-                            "not started (default: the demo query).")  # fmt: skip
+@click.option("--app", help="module:function or path/to/file.py:function: a function (spark, "
+                            "job) returning the query's DataStreamWriter, not started (default: "
+                            "the demo query). A module is imported from PYTHONPATH or the "
+                            "current folder. job has query, checkpoint, input_dir, output_dir, "
+                            "trigger_s, holder and the other settings given here "
+                            "(docs/standby.md).")  # fmt: skip
+@click.option("--trigger", "trigger_s", type=click.FloatRange(0.0, 86_400.0), default=0.5,
+              show_default=True,
+              help="The demo query's trigger interval in seconds (job.trigger_s for "
+                   "--app).")  # fmt: skip
 @click.option("--holder", help="This application's name in the lease (default: host:pid).")
 @click.option("--lease-timeout", type=float, default=TIMEOUT_S_DEFAULT, show_default=True,
               help="Seconds without a renewal after which a standby may take over.")  # fmt: skip
@@ -425,7 +450,8 @@ def _duration_option(
 @fail_cleanly
 def spark_standby(
     query: str, checkpoint: str, input_dir: str | None, output_dir: str | None, sink: str,
-    app: str | None, holder: str | None, lease_timeout: float, renew_every: float,
+    app: str | None, trigger_s: float, holder: str | None, lease_timeout: float,
+    renew_every: float,
     until_batch: int | None, run_max: int | None, events_path: Path | None, master: str,
     metrics_port: int | None, ring: str | None, secret_file: Path | None,
 ) -> None:  # fmt: skip
@@ -433,7 +459,8 @@ def spark_standby(
     machines. The first to come takes the query's lease and runs it; the others keep
     their checkpoint close behind and take over when the lease lapses (its holder was
     lost) or is released. Exit code: 0 done, 1 failed, 3 --run-max reached, 4 lease
-    lost to another application (this one was cut off)."""
+    lost to another application (this one was cut off), 130 interrupted (SIGINT,
+    Ctrl-C: the query is stopped and the lease released)."""
     import importlib.util
 
     from spark_connector.manifest import check_query_name
@@ -455,7 +482,8 @@ def spark_standby(
         output_dir=_local_or_sr3(output_dir), events_path=str(events.resolve()), sink=sink,
         holder=holder or "", lease_timeout_s=lease_timeout, renew_every_s=renew_every,
         until_batch=-1 if until_batch is None else until_batch,
-        run_s_max=math.inf if run_max is None else float(run_max), app=app or "", master=master,
+        run_s_max=math.inf if run_max is None else float(run_max), app=_app_path(app),
+        master=master, trigger_s=trigger_s,
     )  # fmt: skip
     click.echo(f"sr3 standby of {query}: events in {job.events_path}")
     if metrics_port is not None:
@@ -470,6 +498,16 @@ def spark_standby(
     except KeyboardInterrupt:
         fail(f"sr3 standby of {query} interrupted", exit_code=130)
     sys.exit(code)
+
+
+def _app_path(app: str | None) -> str:
+    """``--app`` with a file's path made absolute (the application may run elsewhere)."""
+    if not app:
+        return ""
+    module, _, function = app.rpartition(":")
+    if module.endswith(".py"):
+        return f"{Path(module).resolve()}:{function}"
+    return app
 
 
 def _local_or_sr3(path: str | None) -> str:
