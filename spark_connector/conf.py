@@ -9,6 +9,14 @@ it with jars of your own), the FileSystem classes, Spark's checkpoint file manag
 credential scoped to ``prefix``: minted here from the cluster secret, so the secret
 itself never reaches a conf, an executor or a log. ``sr3 spark conf`` prints the same
 as ``--conf`` flags.
+
+Spark shows its conf (the UI's Environment page and REST API, the event log) with the
+values of the keys ``spark.redaction.regex`` matches hidden. The keys that carry a
+secret, the credential (``fs.sr3.token``) and the client's TLS key
+(``fs.sr3.tls.secret.key``), are named so that the default regex of every Spark sr3
+runs on (4.0: ``(?i)secret|password|token|access[.]?key``) matches them; executors
+still get them, as every ``spark.hadoop.*`` conf. The Java FileSystem still reads their
+former names, ``fs.sr3.credential`` and ``fs.sr3.tls.key``, whose values Spark shows.
 """
 
 from __future__ import annotations
@@ -29,6 +37,10 @@ __all__ = ["CREDENTIAL_S_DEFAULT", "core_site_xml", "spark_conf"]
 
 # Spark hands its spark.hadoop.* confs to Hadoop without the prefix.
 HADOOP_PREFIX = "spark.hadoop."
+CONF_CREDENTIAL = HADOOP_PREFIX + "fs.sr3.token"
+CONF_TLS_KEY = HADOOP_PREFIX + "fs.sr3.tls.secret.key"
+# The confs whose values are secrets: Spark's default spark.redaction.regex matches them.
+CONF_SECRETS = (CONF_CREDENTIAL, CONF_TLS_KEY)
 
 CREDENTIAL_S_DEFAULT = 30 * 86400
 CREDENTIAL_S_MAX = 366 * 86400
@@ -49,7 +61,8 @@ def spark_conf(
 
     With TLS (``tls``, else ``SR3_TLS_*`` or the cluster file, as for ``Client``), the
     conf carries the cluster's CA certificates and the client certificate and key
-    themselves (PEM), so that executors need no file: never the CA's key."""
+    themselves (PEM), so that executors need no file: never the CA's key. Spark hides
+    the credential's and the key's values where it shows its conf."""
     if not 0 < expires_s <= CREDENTIAL_S_MAX:
         raise ConfigError(f"a credential lives 1 s to {CREDENTIAL_S_MAX // 86400} days")
     if credential is not None:
@@ -79,7 +92,7 @@ def spark_conf(
         # keep Spark's own manager.
         "spark.sql.streaming.checkpointFileManagerClass": manager,
         "spark.hadoop.fs.sr3.ring": ",".join(parse_seeds(seeds)),
-        "spark.hadoop.fs.sr3.credential": credential,
+        CONF_CREDENTIAL: credential,
     }
 
 
@@ -98,7 +111,7 @@ def _tls_conf(tls: ClientTls) -> dict[str, str]:
     conf = {"spark.hadoop.fs.sr3.tls.ca": read(tls.ca_file)}
     if tls.cert_file is not None and tls.key_file is not None:
         conf["spark.hadoop.fs.sr3.tls.cert"] = read(tls.cert_file)
-        conf["spark.hadoop.fs.sr3.tls.key"] = read(tls.key_file)
+        conf[CONF_TLS_KEY] = read(tls.key_file)
     return conf
 
 

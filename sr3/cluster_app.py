@@ -425,8 +425,10 @@ def finish(job: ClusterJob) -> int:
             for env in executor_envs
             for name, value in env
         ),
+        # The cluster secret's key (fs.sr3.tls.secret.key is the client's TLS key).
         conf_has_secret=any(
-            "secret" in key.lower() for key, _value in spark.sparkContext.getConf().getAll()
+            key == "spark.hadoop.fs.sr3.secret" or (secret and secret in value)
+            for key, value in spark.sparkContext.getConf().getAll()
         ),
         finish_s=finish_s,
     )

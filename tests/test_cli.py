@@ -174,15 +174,16 @@ def test_cli_errors_are_one_line(sr3: Sr3, tmp_path: Path) -> None:
 
 def test_a_ring_nobody_answers_on_is_named_with_its_source(sr3: Sr3) -> None:
     """Breaks: the ring address points where no peer listens, given by --ring and by
-    SR3_RING. Must hold: one line ``sr3: cannot reach HOST:PORT (from --ring)`` (or
-    ``SR3_RING``), exit code 1, no traceback and none of aiohttp's internals."""
+    SR3_RING. Must hold: one line ``sr3: cannot reach HOST:PORT (from --ring): connection
+    refused`` (or ``SR3_RING``), exit code 1, no traceback and none of aiohttp's
+    internals."""
     address = f"127.0.0.9:{next_base_port()}"
     secret = {"SR3_SECRET": "a-secret-of-enough-length-for-signing"}
     for command in (["status"], ["ls"], ["get", "k", "-o", "x"], ["spark", "list"]):
         done = sr3.run(*command, "--ring", address, env=secret)
-        _assert_one_line_error(done, f"cannot reach {address} (from --ring)")
+        _assert_one_line_error(done, f"cannot reach {address} (from --ring): connection refused")
     done = sr3.run("status", env={**secret, "SR3_RING": address})
-    _assert_one_line_error(done, f"cannot reach {address} (from SR3_RING)")
+    _assert_one_line_error(done, f"cannot reach {address} (from SR3_RING): connection refused")
 
 
 def _mount_tmpfs(path: Path, options: str) -> bool:

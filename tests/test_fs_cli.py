@@ -93,7 +93,7 @@ async def test_spark_conf_holds_a_scoped_credential_never_the_secret(
     assert conf["spark.sql.streaming.checkpointFileManagerClass"] == manager
     assert conf["spark.jars"].endswith(".jar")
     assert ring.secret not in json.dumps(conf)
-    credential = conf["spark.hadoop.fs.sr3.credential"]
+    credential = conf["spark.hadoop.fs.sr3.token"]
     assert parse_credential(credential).prefix == "/spark/conf-test"
     async with FsClient(conf["spark.hadoop.fs.sr3.ring"], credential) as fs:
         await fs.write(f"/spark/conf-test/{rng.randrange(10**9)}", b"ok")
@@ -105,7 +105,7 @@ async def test_spark_conf_holds_a_scoped_credential_never_the_secret(
     assert flags[::2] == ["--conf"] * len(conf)
     pairs = dict(flag.split("=", 1) for flag in flags[1::2])
     assert set(pairs) == set(conf)
-    assert {k: v for k, v in pairs.items() if "credential" not in k} == {
-        k: v for k, v in conf.items() if "credential" not in k
+    assert {k: v for k, v in pairs.items() if not k.endswith(".token")} == {
+        k: v for k, v in conf.items() if not k.endswith(".token")
     }
     assert ring.secret not in printed

@@ -152,7 +152,7 @@ def test_a_scoped_credential_reaches_nothing_outside_its_prefix_from_java(
     prefix = f"/java/scoped-{rng.randrange(10**9)}"
     now = int(time.time())
     credential = scoped_credential(ring.secret, prefix, expires_at=now + 600, issued_at=now)
-    command = _java(jar, ring.ring, "fs.sr3.credential", credential)
+    command = _java(jar, ring.ring, "fs.sr3.token", credential)
     inside = subprocess.run(
         [*command, "sr3.hadoop.ContractCheck", "contract", f"{prefix}/ok"],
         capture_output=True, text=True, timeout=JAVA_TIMEOUT_S, check=False,

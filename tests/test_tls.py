@@ -238,7 +238,7 @@ def test_the_java_filesystem_speaks_tls_with_the_cluster_ca_and_says_why_not_wit
     good = _contract(
         jar, tls_ring, "/java/tls",
         f"-Dfs.sr3.tls.ca={tls.ca_file}", f"-Dfs.sr3.tls.cert={tls.cert_file}",
-        f"-Dfs.sr3.tls.key={tls.key_file}",
+        f"-Dfs.sr3.tls.secret.key={tls.key_file}",
     )  # fmt: skip
     assert good.returncode == 0, good.stdout + good.stderr[-3000:]
     assert not [line for line in good.stdout.splitlines() if line.startswith("FAIL ")]
@@ -249,7 +249,7 @@ def test_the_java_filesystem_speaks_tls_with_the_cluster_ca_and_says_why_not_wit
     init_ca(other)
     wrong = _contract(
         jar, tls_ring, "/java/wrong", f"-Dfs.sr3.tls.ca={other / 'ca.pem'}",
-        f"-Dfs.sr3.tls.cert={tls.cert_file}", f"-Dfs.sr3.tls.key={tls.key_file}",
+        f"-Dfs.sr3.tls.cert={tls.cert_file}", f"-Dfs.sr3.tls.secret.key={tls.key_file}",
     )  # fmt: skip
     assert wrong.returncode != 0
     assert "TLS" in wrong.stdout + wrong.stderr, wrong.stdout[-2000:]

@@ -105,7 +105,7 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 def describe_error(exc: BaseException, *, ring_flag: str | None, has_ring: bool) -> str:
     """The one line an expected error prints, in the CLI's words."""
     if isinstance(exc, PeerUnavailable):
-        return _describe_unreachable(exc, ring_flag, has_ring)
+        return cli_wording(_describe_unreachable(exc, ring_flag, has_ring))
     if isinstance(exc, OSError) and not isinstance(exc, SR3Error):
         return describe_os_error(exc)
     return cli_wording(str(exc))
@@ -114,20 +114,40 @@ def describe_error(exc: BaseException, *, ring_flag: str | None, has_ring: bool)
 def _describe_unreachable(exc: PeerUnavailable, ring_flag: str | None, has_ring: bool) -> str:
     seeds = ring_addresses(ring_flag) if has_ring else None
     if seeds is not None and exc.address == ",".join(seeds):
-        return f"cannot reach {exc.address} (from {ring_source(ring_flag)})"
+        reasons = _reasons(exc, seeds)
+        return f"cannot reach {exc.address} (from {ring_source(ring_flag)}): {reasons}"
     if exc.address == "ring":
         where = f" (from {ring_source(ring_flag)})" if has_ring else ""
         detail = str(exc).removeprefix("ring: ")
         return f"cannot reach any peer of the ring{where}: {detail}"
-    return f"cannot reach {exc.address}: {_unreachable_reason(exc)}"
+    return f"cannot reach {exc.address}: {_reasons(exc, [exc.address])}"
+
+
+# The request a transport error names ("GET /v1/ring: "): the line says why, not which
+# route was asked.
+_REQUEST = re.compile(r"\b(?:GET|HEAD|PUT|POST|DELETE) /\S*: ")
+
+
+def _reasons(exc: PeerUnavailable, addresses: list[str]) -> str:
+    """Why ``addresses`` could not be reached, in the error's own words (the transport
+    says why where aiohttp's error enters: refused, timed out, a name that does not
+    resolve, and for TLS which end refused the handshake and why): each address's
+    reason once, without the request; one address's reason alone."""
+    text = str(exc).removeprefix(f"{exc.address}: ").removeprefix("no peer answered: ")
+    reasons = []
+    for cause in text.split("; "):
+        reason = _REQUEST.sub("", cause, count=1)
+        if len(addresses) == 1:
+            reason = reason.removeprefix(f"{addresses[0]}: ")
+        reasons.append(reason)
+    return "; ".join(dict.fromkeys(reason for reason in reasons if reason)) or (
+        _unreachable_reason(exc)
+    )
 
 
 def _unreachable_reason(exc: BaseException) -> str:
-    """The innermost OS-level reason (refused, timed out, a name that does not
-    resolve) rather than aiohttp's repr."""
-    text = str(exc)
-    if "cannot resolve " in text:  # the transport's words, with where the name came from
-        return text[text.index("cannot resolve ") :]
+    """The innermost OS-level reason (refused, timed out) rather than aiohttp's repr,
+    for an error that does not say why itself."""
     reason = "no answer"
     seen: set[int] = set()
     cause: BaseException | None = exc
@@ -154,8 +174,9 @@ def describe_os_error(exc: OSError, *, action: str = "", path: Path | None = Non
 def cli_wording(message: str) -> str:
     """Name the running command's flags where a lower layer named its Python arguments
     (``pass overwrite=True`` reads ``pass --overwrite``, ``batch_id=3`` reads ``--batch
-    3``). Why a peer was unreachable is already in words: the transport says it where
-    aiohttp's error enters."""
+    3``) or the environment variable a flag stands beside (``set SR3_TLS_CA`` reads ``set
+    --tls-ca (or SR3_TLS_CA)``). Why a peer was unreachable is already in words: the
+    transport says it where aiohttp's error enters."""
     context = click.get_current_context(silent=True)
     if context is None:
         return message
@@ -168,6 +189,9 @@ def cli_wording(message: str) -> str:
             message = re.sub(rf"\b{name}=True\b", flag, message)
         else:
             message = re.sub(rf"\b{name}=(?=\S)", f"{flag} ", message)
+        if isinstance(param.envvar, str) and param.envvar:
+            variable = re.escape(param.envvar)
+            message = re.sub(rf"\b{variable}\b", f"{flag} (or {param.envvar})", message)
     return message
 
 
@@ -192,8 +216,9 @@ def ring_addresses(ring_flag: str | None) -> list[str] | None:
         return None
 
 
-def ring_options(function: F) -> F:
-    """--ring and --secret-file, for the commands that talk to a running ring."""
+def secret_options(function: F) -> F:
+    """--ring and --secret-file: where the ring's settings come from (``sr3 token``,
+    which derives from the secret and reaches no peer)."""
     function = click.option(
         "--secret-file",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -203,6 +228,38 @@ def ring_options(function: F) -> F:
         "--ring", help="host:port of one or more peers, comma-separated (else SR3_RING)."
     )(function)
     return function
+
+
+# The client's TLS flags of the commands that reach a ring, each beside the variable
+# ``ring.config.resolve_tls`` reads.
+_TLS_FLAGS = (
+    ("--tls-ca", "SR3_TLS_CA", "The cluster's CA certificate (PEM): reach the ring over HTTPS"),
+    ("--tls-cert", "SR3_TLS_CERT",
+     "A client certificate from the cluster's CA (PEM), for peers that require one"),
+    ("--tls-key", "SR3_TLS_KEY", "The key of --tls-cert (PEM)"),
+)  # fmt: skip
+
+
+def _export_tls_flag(
+    _context: click.Context, param: click.Parameter, value: Path | None
+) -> Path | None:
+    """A TLS flag given is what every client this command makes finds, as its variable
+    would be: set in this process's environment (and an application the command starts
+    inherits it)."""
+    if value is not None and isinstance(param.envvar, str):
+        os.environ[param.envvar] = str(value)
+    return value
+
+
+def ring_options(function: F) -> F:
+    """--ring, --secret-file and the client's TLS (--tls-ca, --tls-cert, --tls-key), for
+    the commands that talk to a running ring."""
+    for flag, variable, help_text in reversed(_TLS_FLAGS):
+        function = click.option(
+            flag, envvar=variable, type=click.Path(dir_okay=False, path_type=Path),
+            callback=_export_tls_flag, expose_value=False, help=f"{help_text} (else {variable}).",
+        )(function)  # fmt: skip
+    return secret_options(function)
 
 
 def ring_settings(ring: str | None, secret_file: Path | None) -> Settings:

@@ -44,6 +44,7 @@ from sr3.cli._shared import (
     open_client,
     ring_options,
     ring_settings,
+    secret_options,
     stderr,
 )
 
@@ -407,7 +408,7 @@ def token() -> None:
 
 
 @token.command("metrics")
-@ring_options
+@secret_options
 @fail_cleanly
 def token_metrics(ring: str | None, secret_file: Path | None) -> None:
     """Print the bearer token that GET /metrics accepts (read-only, metrics only)."""
@@ -434,7 +435,7 @@ def duration_s(text: str) -> int:
               help="The sr3:// path the credential reaches (spark/sessions).")  # fmt: skip
 @click.option("--expires", default="30d", show_default=True,
               help="Lifetime: Ns, Nm, Nh or Nd, at most 366d.")  # fmt: skip
-@ring_options
+@secret_options
 @fail_cleanly
 def token_scoped(prefix: str, expires: str, ring: str | None, secret_file: Path | None) -> None:
     """Print a credential limited to the file namespace under --prefix: what Spark's

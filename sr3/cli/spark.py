@@ -540,7 +540,7 @@ def _export_ring(settings: Settings) -> None:
 @click.option("--json", "as_json", is_flag=True, help="The conf as a JSON object.")
 @click.option("--core-site", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write Hadoop's core-site.xml here (mode 0600: it holds the "
-                   "credential), for `hadoop fs` and distcp.")  # fmt: skip
+                   "credential and any client key), for `hadoop fs` and distcp.")  # fmt: skip
 @ring_options
 @fail_cleanly
 def spark_conf_command(

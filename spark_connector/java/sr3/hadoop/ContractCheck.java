@@ -43,7 +43,7 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
  * </pre>
  *
  * The ring and credential come from the system properties fs.sr3.ring and
- * fs.sr3.credential (or fs.sr3.secret).
+ * fs.sr3.token (or fs.sr3.secret).
  */
 public final class ContractCheck {
   private static final int MIB = 1024 * 1024;
@@ -485,12 +485,14 @@ public final class ContractCheck {
     Configuration conf = new Configuration(false);
     String[] keys = {
       "fs.sr3.ring",
-      "fs.sr3.credential",
+      Sr3Client.CONF_TOKEN,
+      Sr3Client.CONF_CREDENTIAL,
       "fs.sr3.secret",
       "fs.sr3.seeds.shuffle",
       Tls.CONF_CA,
       Tls.CONF_CERT,
       Tls.CONF_KEY,
+      Tls.CONF_KEY_FORMER,
       "fs.sr3.retries"
     };
     for (String key : keys) {

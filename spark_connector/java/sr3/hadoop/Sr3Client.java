@@ -18,11 +18,15 @@ import java.util.ArrayList;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FileAlreadyExistsException;
 import org.apache.hadoop.fs.ParentNotDirectoryException;
 import org.apache.hadoop.fs.PathIsNotEmptyDirectoryException;
 import org.apache.hadoop.security.AccessControlException;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Requests to the file namespace of an sr3 ring (ring/fs_api.py): any peer coordinates,
@@ -33,6 +37,13 @@ import org.apache.hadoop.security.AccessControlException;
  */
 final class Sr3Client implements Closeable {
   static final String CONF_RING = "fs.sr3.ring";
+  /**
+   * A scoped credential ({@code sr3 token scoped}). Every setting that carries a secret has
+   * "token" or "secret" in its name: Spark's default {@code spark.redaction.regex} hides such
+   * values in its UI and event log in every Spark 4 ("credential" only in the newer ones).
+   */
+  static final String CONF_TOKEN = "fs.sr3.token";
+  /** The former name of {@link #CONF_TOKEN}, still read when that is not set. */
   static final String CONF_CREDENTIAL = "fs.sr3.credential";
   static final String CONF_SECRET = "fs.sr3.secret";
   static final String CONF_TIMEOUT_MS = "fs.sr3.timeout.ms";
@@ -55,6 +66,9 @@ final class Sr3Client implements Closeable {
       "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final SecureRandom RANDOM = new SecureRandom();
+  private static final Logger LOG = LoggerFactory.getLogger(Sr3Client.class);
+  /** Former setting names this JVM has warned about (once each). */
+  private static final Set<String> WARNED = ConcurrentHashMap.newKeySet();
 
   /** What a request sends: nothing, bytes, or a file (with its SHA-256). */
   record Body(byte[] bytes, Path file, String sha256) {
@@ -103,11 +117,11 @@ final class Sr3Client implements Closeable {
       throw new IOException(
           "sr3: set " + CONF_RING + " to 1.." + SEEDS_MAX + " seeds, host:port,host:port");
     }
-    String credential = conf.getTrimmed(CONF_CREDENTIAL, "");
+    String credential = setting(conf, CONF_TOKEN, CONF_CREDENTIAL);
     String secret = conf.getTrimmed(CONF_SECRET, "");
     if (credential.isEmpty() == secret.isEmpty()) {
       throw new IOException(
-          "sr3: set exactly one of " + CONF_CREDENTIAL + " (sr3 token scoped) and " + CONF_SECRET);
+          "sr3: set exactly one of " + CONF_TOKEN + " (sr3 token scoped) and " + CONF_SECRET);
     }
     try {
       signer = Signer.of(credential.isEmpty() ? secret : credential);
@@ -124,7 +138,7 @@ final class Sr3Client implements Closeable {
             .version(HttpClient.Version.HTTP_1_1);
     String ca = conf.getTrimmed(Tls.CONF_CA, "");
     String cert = conf.getTrimmed(Tls.CONF_CERT, "");
-    String key = conf.getTrimmed(Tls.CONF_KEY, "");
+    String key = setting(conf, Tls.CONF_KEY, Tls.CONF_KEY_FORMER);
     if (ca.isEmpty()) {
       if (!cert.isEmpty() || !key.isEmpty()) {
         throw new IOException("sr3: a client certificate needs " + Tls.CONF_CA + " too");
@@ -140,6 +154,27 @@ final class Sr3Client implements Closeable {
     }
     http = builder.build();
     next = conf.getBoolean(CONF_SEEDS_SHUFFLE, true) ? RANDOM.nextInt(seeds.size()) : 0;
+  }
+
+  /**
+   * The setting {@code name}, else its former name {@code former}: a saved core-site.xml or
+   * spark-defaults.conf keeps working, with a warning (once per JVM) that Spark shows the
+   * former name's value.
+   */
+  static String setting(Configuration conf, String name, String former) {
+    String value = conf.getTrimmed(name, "");
+    if (!value.isEmpty()) {
+      return value;
+    }
+    value = conf.getTrimmed(former, "");
+    if (!value.isEmpty() && WARNED.add(former)) {
+      LOG.warn(
+          "sr3: {} is the former name of {}: rename it, so that Spark hides its value in its"
+              + " UI and event log",
+          former,
+          name);
+    }
+    return value;
   }
 
   private static long bounded(Configuration conf, String name, long fallback, long maximum)

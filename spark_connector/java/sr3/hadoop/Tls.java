@@ -24,15 +24,21 @@ import javax.net.ssl.TrustManagerFactory;
 
 /**
  * HTTPS to the peers: trust the cluster's CA only (fs.sr3.tls.ca) and, where peers require
- * one, present a client certificate (fs.sr3.tls.cert and fs.sr3.tls.key, PKCS#8 as {@code sr3
- * tls issue} writes it). Each setting is the PEM text itself (what {@code spark_conf()}
- * ships, so executors need no file) or the path of a file holding it. The JDK does the
- * TLS; host names are checked against the certificates' names.
+ * one, present a client certificate (fs.sr3.tls.cert and fs.sr3.tls.secret.key, PKCS#8 as
+ * {@code sr3 tls issue} writes it). Each setting is the PEM text itself (what {@code
+ * spark_conf()} ships, so executors need no file) or the path of a file holding it. The JDK
+ * does the TLS; host names are checked against the certificates' names.
+ *
+ * <p>The key's name has "secret" in it so that Spark's default {@code spark.redaction.regex}
+ * hides its value wherever Spark shows or logs its conf (the UI's Environment page, its REST
+ * API, the event log). Its former name, fs.sr3.tls.key, which Spark shows, is still read
+ * when the new one is not set (a saved core-site.xml or spark-defaults.conf).
  */
 final class Tls {
   static final String CONF_CA = "fs.sr3.tls.ca";
   static final String CONF_CERT = "fs.sr3.tls.cert";
-  static final String CONF_KEY = "fs.sr3.tls.key";
+  static final String CONF_KEY = "fs.sr3.tls.secret.key";
+  static final String CONF_KEY_FORMER = "fs.sr3.tls.key";
   static final int PEM_CHARS_MAX = 1 << 20;
   private static final char[] NO_PASSWORD = new char[0];
 
