@@ -160,10 +160,13 @@ def _assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str
 
 
 def test_spark_standby_help_and_bad_settings(tmp_path: Path) -> None:
-    """Must hold: --help works without a ring; a bad --sink, bad lease timing, a bad
-    holder and a demo query without --input are refused before any Spark starts, in
-    words, without a traceback."""
-    assert "--lease-timeout" in _ok(None, "spark", "standby", "--help")
+    """Must hold: --help works without a ring and names the trigger, the forms of --app
+    and exit code 130; a bad --sink, bad lease timing, a bad holder, a demo query without
+    --input and an --app that names no file or function are refused before any Spark
+    starts, in words, without a traceback."""
+    shown = " ".join(_ok(None, "spark", "standby", "--help").split())
+    for needle in ("--lease-timeout", "--trigger", "path/to/file.py:function", "130 interrupted"):
+        assert needle in shown, shown
     base = ["spark", "standby", "--query", "q1", "--checkpoint", str(tmp_path / "ckpt")]
     demo = [*base, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")]
 
@@ -174,6 +177,8 @@ def test_spark_standby_help_and_bad_settings(tmp_path: Path) -> None:
     _assert_one_line_error(_sr3(None, *demo, "--renew-every", "5"), "renew at most every")
     _assert_one_line_error(_sr3(None, *demo, "--holder", "no spaces"), "lease holder")
     _assert_one_line_error(_sr3(None, *base), "--input and --output")
+    _assert_one_line_error(_sr3(None, *base, "--app", "nowhere.py:build"), "not a file")
+    _assert_one_line_error(_sr3(None, *base, "--app", "jobs"), "module:function")
     assert not (tmp_path / "ckpt").exists()
 
 

@@ -472,6 +472,7 @@ def spark_standby(
     check_timing(lease_timeout, renew_every, DRIFT_DEFAULT)
     if app is None and (input_dir is None or output_dir is None):
         fail("the demo query needs --input and --output (or name your own with --app)")
+    app_path = _app_path(app)
     if importlib.util.find_spec("pyspark") is None:
         fail("pyspark is not installed here: sr3 spark standby runs a Spark application")
     settings = ring_settings(ring, secret_file)
@@ -482,7 +483,7 @@ def spark_standby(
         output_dir=_local_or_sr3(output_dir), events_path=str(events.resolve()), sink=sink,
         holder=holder or "", lease_timeout_s=lease_timeout, renew_every_s=renew_every,
         until_batch=-1 if until_batch is None else until_batch,
-        run_s_max=math.inf if run_max is None else float(run_max), app=_app_path(app),
+        run_s_max=math.inf if run_max is None else float(run_max), app=app_path,
         master=master, trigger_s=trigger_s,
     )  # fmt: skip
     click.echo(f"sr3 standby of {query}: events in {job.events_path}")
@@ -505,8 +506,13 @@ def _app_path(app: str | None) -> str:
     if not app:
         return ""
     module, _, function = app.rpartition(":")
+    if not module or not function:
+        fail("--app: module:function or path/to/file.py:function")
     if module.endswith(".py"):
-        return f"{Path(module).resolve()}:{function}"
+        path = Path(module).resolve()
+        if not path.is_file():
+            fail(f"--app: {module} is not a file")
+        return f"{path}:{function}"
     return app
 
 
