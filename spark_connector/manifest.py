@@ -72,6 +72,16 @@ def plan_key(query: str, batch_id: int) -> str:
     return f"{plans_prefix(query)}{batch_id:012d}"
 
 
+def check_manifest_path(path: str) -> str:
+    """``path`` when it names a file inside a checkpoint (relative, no empty, ``.`` or
+    ``..`` part, no NUL): a manifest read from the ring never writes outside the
+    directory it is restored into. ``ValueError`` otherwise."""
+    parts = path.split("/")
+    if not path or "\x00" in path or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"a manifest does not name {path[:80]!r}")
+    return path
+
+
 @dataclass(frozen=True, slots=True)
 class ManifestFile:
     path: str
@@ -137,7 +147,8 @@ class Manifest:
             if data["format"] not in MANIFEST_FORMATS_READ:
                 raise ProtocolError(f"unsupported manifest format {data['format']}")
             files = tuple(
-                ManifestFile(str(item["path"]), BlobRef.from_json(item)) for item in data["files"]
+                ManifestFile(check_manifest_path(str(item["path"])), BlobRef.from_json(item))
+                for item in data["files"]
             )
             return cls(
                 check_query_name(str(data["query"])),

@@ -68,7 +68,7 @@ PLAN_FILES_MAX = 10_000
 HOST_CHARS_MAX = 255
 QUERY_ID_CHARS_MAX = 128
 # The paths a plan may name, relative to the checkpoint: what fixes a batch's input.
-_PLAN_PATH = re.compile(r"^(metadata|offsets/[0-9]{1,18}|sources(/[A-Za-z0-9_.=-]{1,255}){1,8})$")
+_PLAN_PATH = re.compile(r"^(metadata|offsets/[0-9]{1,18}|sources(/[^/\x00]{1,255}){1,16})$")
 
 
 def check_plan_path(path: str) -> str:

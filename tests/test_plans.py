@@ -188,7 +188,7 @@ def _steal(client: SyncClient, holder: QueryLease) -> None:
 
 
 def test_a_plan_names_only_a_checkpoint_s_log_files() -> None:
-    for path in ("offsets/7", "metadata", "sources/0/7", "sources/0/9.compact"):
+    for path in ("offsets/7", "metadata", "sources/0/7", "sources/0/9.compact", "sources/a b/c"):
         assert check_plan_path(path) == path
     for path in (
         "../x", "/etc/passwd", "offsets/../../x", "state/0/0/1.delta", "commits/7",

@@ -445,6 +445,11 @@ def test_manifests_record_where_they_were_pushed_from_and_format_1_still_reads()
             Manifest.from_json({**data, **bad})
     with pytest.raises(ProtocolError, match="format 3"):
         Manifest.from_json({**data, "format": 3})
+    # A manifest on the ring never names a file outside the directory it restores into.
+    for path in ("../../etc/cron.d/x", "/etc/passwd", "state/../../x", "a//b", "", "a/\x00"):
+        outside = {**data, "files": [{"path": path, **blob.to_json()}]}
+        with pytest.raises(ProtocolError, match="does not name"):
+            Manifest.from_json(outside)
 
 
 # ------------------------------------------------------------------ closing cleanly
