@@ -189,6 +189,8 @@ class Peer:
         digest, principal = self.verifier.authenticate(
             request.method, request.raw_path, request.headers, targets
         )
+        # Before anything reads the decoded path or query (the scope check first).
+        api.check_target(request.raw_path)
         _authorize(request, principal)
         if _streamed_body(request):
             # Read (bounded) and checked against the digest by the handler as it goes.

@@ -397,3 +397,33 @@ def test_a_record_key_with_a_trailing_newline_is_refused() -> None:
     with pytest.raises(ProtocolError):
         validate_key("abc\n")
     assert validate_key("abc") == "abc"
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/v1/fs/files/a%FF",
+        "/v1/fs/files/a%ED%A0%80",  # a surrogate
+        "/v1/fs/files/a%C0%AF",  # an overlong "/"
+        "/v1/fs/files/a%E2%82",  # cut short
+        "/v1/fs/rename?from=%2Fa%FF&to=%2Fb",
+        "/v1/fs/files/a?lease=spark%2Fq%2Flease&fence=1%FF",
+        "/v1/fs/files/a\udcff",  # a raw byte aiohttp kept as a surrogate escape
+    ],
+)
+def test_a_target_whose_escapes_are_not_utf8_is_refused(target: str) -> None:
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        api.check_target(target)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/v1/fs/files/a%25FF",  # a name holding "%FF" itself
+        "/v1/fs/files/%C3%A9t%C3%A9/%F0%9F%93%81",
+        "/v1/fs/rename?from=%2Fa&to=%2Fb+c&op=0123456789abcdef01234567",
+        "/v1/ring",
+    ],
+)
+def test_a_target_of_utf8_escapes_is_taken(target: str) -> None:
+    api.check_target(target)
