@@ -80,6 +80,7 @@ from ring.api import (
     HEADER_FILE_TAG,
     HEADER_MTIME_MS,
     Route,
+    parse_ascii_int,
 )
 from ring.errors import ProtocolError
 from ring.lease import FENCE_MAX
@@ -87,7 +88,9 @@ from ring.records import validate_key
 
 __all__ = [
     "fence_query",
+    "lease_within",
     "parse_fence",
+    "FENCED_ROUTES",
     "FILE_BYTES_MAX",
     "FS_DELETE",
     "FS_LIST",
@@ -131,6 +134,8 @@ FS_ROUTES = (FS_WRITE, FS_READ, FS_DELETE, FS_STAT, FS_LIST, FS_RENAME, FS_MKDIR
 # Bodies the handler reads as they arrive (bounded by FILE_BYTES_MAX) and checks against
 # the signed digest, instead of the peer buffering them before it authenticates.
 STREAMED_BODY_ROUTES = frozenset({FS_WRITE})
+# The routes a write may fence (``lease=&fence=``).
+FENCED_ROUTES = frozenset({FS_WRITE, FS_DELETE, FS_RENAME})
 
 
 ROOT = "/"
@@ -261,9 +266,27 @@ def parse_fence(query: Mapping[str, str]) -> tuple[str, int] | None:
     if key is None or fence is None:
         raise ProtocolError("a fenced write names both lease=<record key> and fence=<n>")
     validate_key(key)
-    if not fence.isdigit() or len(fence) > 16 or not 1 <= int(fence) <= FENCE_MAX:
-        raise ProtocolError(f"fence is an integer in 1..{FENCE_MAX}")
-    return key, int(fence)
+    if key.startswith(PATH_KEY_PREFIX):
+        raise ProtocolError(f"lease {key[:80]!r} is a file's record, not a lease's")
+    try:
+        number = parse_ascii_int(fence, "fence", FENCE_MAX)
+    except ProtocolError:
+        number = 0
+    if number < 1:
+        raise ProtocolError(f"fence is an integer of ASCII digits in 1..{FENCE_MAX}")
+    return key, number
+
+
+def lease_within(key: str, prefix: str) -> bool:
+    """Whether a credential scoped to the path ``prefix`` may fence its writes with the
+    lease record ``key``: a key under the prefix written as a record key (``/spark``
+    reaches ``spark/<query>/lease``, the Spark connector's leases; ``/`` reaches every
+    key). The peer reads that record for the request, and its answer says whether it
+    exists and who holds it: no more than the credential's own prefix may tell."""
+    if prefix == ROOT:
+        return True
+    scope = validate_path(prefix)[1:]
+    return key == scope or key.startswith(scope + "/")
 
 
 def components(path: str) -> list[str]:

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ring import api, codec, records_api
+from ring import api, codec, fs_api, records_api
 from ring.errors import ProtocolError
+from ring.lease import FENCE_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ring", "recovery", "spark_connector", "sr3", "benchmarks")
@@ -397,6 +398,52 @@ def test_a_record_key_with_a_trailing_newline_is_refused() -> None:
     with pytest.raises(ProtocolError):
         validate_key("abc\n")
     assert validate_key("abc") == "abc"
+
+
+@given(st.text(max_size=20))
+def test_a_fence_is_ascii_digits_in_range_and_nothing_else(text: str) -> None:
+    """``str.isdigit`` takes "²", "⑤", fullwidth and Arabic-Indic digits (``int`` then
+    raised or read them as numbers): a fence is 1..FENCE_MAX in ASCII digits only."""
+    query = {"lease": "spark/q/lease", "fence": text}
+    ascii_digits = text != "" and all(char in "0123456789" for char in text)
+    if ascii_digits and len(text) <= 16 and 1 <= int(text) <= FENCE_MAX:
+        assert fs_api.parse_fence(query) == ("spark/q/lease", int(text))
+    else:
+        with pytest.raises(ProtocolError):
+            fs_api.parse_fence(query)
+
+
+@pytest.mark.parametrize(
+    "fence", ["\u00b2", "\u2075", "\u2464", "\uff15", "\u0665", "\u0661\u0665"]
+)
+def test_a_fence_in_digits_that_are_not_ascii_is_refused(fence: str) -> None:
+    with pytest.raises(ProtocolError, match="ASCII"):
+        fs_api.parse_fence({"lease": "spark/q/lease", "fence": fence})
+
+
+def test_a_fence_names_a_lease_record_never_a_files() -> None:
+    with pytest.raises(ProtocolError, match="file's record"):
+        fs_api.parse_fence({"lease": fs_api.path_key("/spark/q/commits/0"), "fence": "1"})
+    assert fs_api.parse_fence({"lease": "fsx/renames/x", "fence": "7"}) == ("fsx/renames/x", 7)
+    assert fs_api.parse_fence({}) is None
+
+
+@pytest.mark.parametrize(
+    ("prefix", "key", "within"),
+    [
+        ("/", "anything/at/all", True),
+        ("/spark", "spark/q1/lease", True),
+        ("/spark", "spark", True),
+        ("/spark", "sparkle/q1/lease", False),
+        ("/spark", "other/q1/lease", False),
+        ("/spark/q1", "spark/q1/lease", True),
+        ("/spark/sessions", "spark/q1/lease", False),
+    ],
+)
+def test_a_scoped_credential_fences_with_leases_under_its_prefix(
+    prefix: str, key: str, within: bool
+) -> None:
+    assert fs_api.lease_within(key, prefix) is within
 
 
 @pytest.mark.parametrize(
