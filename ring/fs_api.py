@@ -36,7 +36,10 @@ fs``) talks to one peer and fails over to another.
 PUT, DELETE and rename may also be fenced: ``lease=<record key>&fence=<n>`` (both or
 neither) says the writer holds the lease in that record with fence ``n``
 (``ring.lease``); the peer reads the lease record first and refuses with 409 "fenced"
-when its fence is not ``n`` (taken over since, or never held), writing nothing.
+when its fence is not ``n`` (taken over since, or never held), writing nothing. ``n``
+is ASCII digits in 1..``FENCE_MAX`` and the key is never a file's record (``fs/``):
+else 400. A scoped credential names a lease under its prefix (``lease_within``): else
+403.
 
 PUT and rename take ``op=<24 lowercase hex digits>``, the operation's id, the same on
 every retry: a retry that finds its operation already done answers as the first attempt
@@ -49,7 +52,8 @@ are absolute, ``/``-separated, without empty, ``.`` or ``..`` components; a comp
 any UTF-8 text without control characters (spaces, ``%``, ``=`` and non-ASCII letters
 included: Spark escapes partition values as ``%XX``), at most ``COMPONENT_BYTES_MAX``
 bytes. In a URL a path follows the route without its leading ``/`` (the root is the
-empty path), each component percent-encoded (UTF-8). ``ROOT`` is always a directory.
+empty path), each component percent-encoded (UTF-8; escapes that do not decode to UTF-8
+are refused, ``ring.parse.check_target``). ``ROOT`` is always a directory.
 
 On the ring a path is a record key (``path_key``), which allows fewer characters: every
 byte of a character outside ``[A-Za-z0-9._=-]`` is written ``:XX`` (``:`` itself

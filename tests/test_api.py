@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ring import api, codec, fs_api, records_api
+from ring.blobs import BlobRef, Extent
 from ring.errors import ProtocolError
 from ring.lease import FENCE_MAX
 
@@ -474,3 +477,47 @@ def test_a_target_whose_escapes_are_not_utf8_is_refused(target: str) -> None:
 )
 def test_a_target_of_utf8_escapes_is_taken(target: str) -> None:
     api.check_target(target)
+
+
+# Numbers in answers and stored values that ``int()`` took: a string of digits (ASCII or
+# not), a float, a bool, a negative count.
+LOOSE_NUMBERS = ["5", "\u0665", 5.0, 5.7, True, -1]
+
+
+def _with(value: object, path: tuple[str | int, ...], number: object) -> object:
+    """``value`` (JSON-shaped) with the item at ``path`` replaced by ``number``."""
+    copied = json.loads(json.dumps(value))
+    holder = copied
+    for step in path[:-1]:
+        holder = holder[step]
+    holder[path[-1]] = number
+    return copied
+
+
+@pytest.mark.parametrize("number", LOOSE_NUMBERS)
+def test_numbers_in_answers_and_stored_values_are_json_integers(number: object) -> None:
+    """Peers' answers (a ring, an exists answer, info, a record write or listing) and a
+    stored blob reference give counts and versions as JSON integers: anything else
+    ``int()`` used to take is a ``ProtocolError``."""
+    a = codec.chunk_id(b"a")
+    ring = api.RingDescription(
+        (api.MemberState("p1", "127.0.0.1:1", "z", "up"),), 3, 2, 256, False
+    ).to_json()
+    info = {"stored_bytes": 10, "chunk_count": 2, "record_count": 1, "epoch": 3}
+    blob = BlobRef(4, "0" * 32, (Extent(a, 0, 4),)).to_json()
+    cases: list[tuple[Callable[[Any], object], object, tuple[str | int, ...]]] = [
+        (api.RingDescription.from_json, ring, ("replication",)),
+        (api.RingDescription.from_json, ring, ("vnodes",)),
+        (api.parse_exists_answer, {"present": [a], "stored_bytes": {a: 7}}, ("stored_bytes", a)),
+        (api.parse_info, info, ("chunk_count",)),
+        (api.parse_info, info, ("epoch",)),
+        (records_api.parse_written_version, {"version": 2}, ("version",)),
+        (records_api.parse_records_list, {"records": [{"key": "k", "version": 2}]},
+         ("records", 0, "version")),
+        (BlobRef.from_json, blob, ("size",)),
+        (BlobRef.from_json, blob, ("extents", 0, 2)),
+    ]  # fmt: skip
+    for parse, good, path in cases:
+        parse(good)
+        with pytest.raises(ProtocolError):
+            parse(_with(good, path, number))
