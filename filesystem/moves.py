@@ -69,6 +69,7 @@ __all__ = [
     "intent_key",
     "move_directory",
     "rename_directory",
+    "settled_op",
     "start_move",
     "step_op",
 ]
@@ -139,6 +140,15 @@ def step_op(op: str, step: str, key: str) -> str:
     same on every attempt, so a retried step is recognized as done (the records layer
     takes a write whose op the record already holds as done), and distinct per step."""
     return hashlib.blake2b(f"{op}/{step}/{key}".encode(), digest_size=12).hexdigest()
+
+
+def settled_op(op: str, source: str, target: str, key: str) -> str:
+    """The operation id of the clean-up write that leaves record ``key`` at the target
+    of the committed rename ``op`` of ``source`` to ``target``. It names both ends
+    (paths hold no control character, so the newline keeps them apart): a request that
+    finds its target's record last written so is a retry of this very rename, done;
+    one that reuses ``op`` for another source is not told it moved anything."""
+    return step_op(op, f"settled\n{source}\n{target}", key)
 
 
 class Renames:
@@ -425,12 +435,15 @@ class Move:
             """The entry stays, unmarked (or, an incoming file of an aborted rename,
             the file it replaced comes back)."""
             key = fs_api.path_key(placed.path)
-            entry, step = placed.entry.settled(), "settled" if committed else "restored"
-            if not committed and placed.entry.previous is not None:
-                entry = placed.entry.previous
+            entry = placed.entry.settled()
+            op = settled_op(self.op, self.intent.source, self.intent.target, key)
+            if not committed:
+                op = step_op(self.op, "restored", key)
+                if placed.entry.previous is not None:
+                    entry = placed.entry.previous
             version = await self.ns.client.put_record(
                 key, encode_entry(entry), expected_version=placed.version,
-                refs=entry.refs, op=step_op(self.op, step, key),
+                refs=entry.refs, op=op,
             )  # fmt: skip
             self.settled[placed.path] = version
             return version
@@ -553,7 +566,7 @@ async def rename_directory(
             # destination's record last written by its clean-up.
             key = fs_api.path_key(target)
             done = await ns.client.get_record(key)
-            if done is not None and done.op == step_op(op, "settled", key):
+            if done is not None and done.op == settled_op(op, source, target, key):
                 return await ns.stat(target)
             raise MoveRefused(404, "not_found", f"no such file or directory: {source}")
         there = await ns.find(target)

@@ -57,7 +57,7 @@ from filesystem.moves import (
     abort_rename,
     intent_key,
     rename_directory,
-    step_op,
+    settled_op,
 )
 from filesystem.reads import read_entry
 from filesystem.uploads import upload
@@ -542,7 +542,7 @@ class Namespace:
                 intent is None
                 and done is not None
                 and not done.deleted
-                and done.op in (op, step_op(op, "settled", fs_api.path_key(target)))
+                and done.op == settled_op(op, source, target, fs_api.path_key(target))
                 and decode_entry(done.value).type == "file"
             ):
                 return _stat_of(target, done)  # a retry of a rename that went through

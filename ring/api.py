@@ -80,6 +80,7 @@ from ring.parse import (
     JSON_DEPTH_MAX,
     JSON_INT_MAX,
     QUERY_INT_MAX,
+    check_target,
     json_int,
     load_json,
     parse_ascii_int,
@@ -160,6 +161,7 @@ __all__ = [
     "chunk_path",
     "error_body",
     "exists_request",
+    "check_target",
     "json_int",
     "load_json",
     "member_table_body",
@@ -356,7 +358,7 @@ def parse_exists_answer(answer: Any) -> dict[str, int]:
     try:
         present = [str(item) for item in answer["present"]]
         sizes: Mapping[str, Any] = answer.get("stored_bytes") or {}
-        return {chunk_id: int(sizes.get(chunk_id, 0)) for chunk_id in present}
+        return {chunk_id: json_int(sizes.get(chunk_id, 0), "stored_bytes") for chunk_id in present}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed exists answer: {exc!r}") from exc
 
@@ -438,9 +440,9 @@ class RingDescription:
             )
             return cls(
                 members,
-                int(answer["replication"]),
-                int(answer["write_quorum"]),
-                int(answer["vnodes"]),
+                json_int(answer["replication"], "replication"),
+                json_int(answer["write_quorum"], "write_quorum"),
+                json_int(answer["vnodes"], "vnodes"),
                 bool(answer["zone_aware"]),
                 json_int(answer.get("epoch", 0), "epoch", VERSION_MAX),
             )
@@ -467,7 +469,7 @@ class InfoSummary:
 
 
 def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+    return None if value is None else json_int(value, "a count")
 
 
 def parse_info(answer: Any) -> InfoSummary:
@@ -475,9 +477,9 @@ def parse_info(answer: Any) -> InfoSummary:
         repair = answer.get("repair") or {}
         last = repair.get("last") or {}
         return InfoSummary(
-            int(answer["stored_bytes"]),
-            int(answer["chunk_count"]),
-            int(answer["record_count"]),
+            json_int(answer["stored_bytes"], "stored_bytes"),
+            json_int(answer["chunk_count"], "chunk_count"),
+            json_int(answer["record_count"], "record_count"),
             _optional_int(answer.get("epoch")),
             _optional_int(answer.get("hints_pending")),
             _optional_int(repair.get("rounds")),

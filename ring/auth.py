@@ -65,6 +65,7 @@ from ring.api import (
     HEADER_NONCE,
     HEADER_TARGET,
     HEADER_TIMESTAMP,
+    load_json,
     parse_ascii_int,
 )
 from ring.errors import ProtocolError
@@ -257,10 +258,11 @@ def scoped_credential(secret: str, prefix: str, *, expires_at: int, issued_at: i
 
 
 def _parse_claims(claims: str) -> tuple[str, int, int]:
+    raw = _unb64(claims, "claims")
     try:
-        data = json.loads(_unb64(claims, "claims"))
-    except ValueError as exc:
-        raise ProtocolError("malformed credential: claims are not JSON") from exc
+        data = load_json(raw, bytes_max=CREDENTIAL_CHARS_MAX, depth_max=1)
+    except ProtocolError as exc:
+        raise ProtocolError(f"malformed credential: claims are not JSON ({exc})") from exc
     if not isinstance(data, dict) or set(data) != {"expires", "issued", "prefix"}:
         raise ProtocolError("malformed credential: claims are expires, issued and prefix")
     prefix, expires, issued = data["prefix"], data["expires"], data["issued"]

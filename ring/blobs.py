@@ -14,6 +14,7 @@ from typing import Any
 
 from ring.codec import CHUNK_BYTES_MAX, is_chunk_id
 from ring.errors import ProtocolError
+from ring.parse import json_int
 
 __all__ = [
     "CHUNK_BYTES_DEFAULT",
@@ -55,10 +56,10 @@ class BlobRef:
     def from_json(cls, data: Any) -> BlobRef:
         try:
             extents = tuple(
-                Extent(str(chunk_id), int(offset), int(length))
+                Extent(str(chunk_id), json_int(offset, "offset"), json_int(length, "length"))
                 for chunk_id, offset, length in data["extents"]
             )
-            ref = cls(int(data["size"]), str(data["digest"]), extents)
+            ref = cls(json_int(data["size"], "size"), str(data["digest"]), extents)
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed blob reference: {exc}") from exc
         if sum(e.length for e in extents) != ref.size or not all(

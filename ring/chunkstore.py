@@ -14,9 +14,10 @@ full since this process started (written, served or scrubbed) is *verified*: a r
 checks its header and payload checksum, which catch what can happen to it since (rot, a
 torn write). A copy not verified yet (stored by an earlier run, or by a version that
 checked less) is checked in full before it is served or counted as present for a
-duplicate write. A file that fails any check is moved to ``<data>/quarantine`` (the
-evidence stays), counted and reported, never served; a later write of the same id
-stores a good copy in its place.
+duplicate write. A file that fails any check, or cannot be read (an I/O error; a file
+changed in place while read), is moved to ``<data>/quarantine`` (the evidence stays),
+counted and reported, never served; a later write of the same id stores a good copy in
+its place.
 
 Blocking file I/O runs in worker threads, at most ``io_concurrency`` at a time; a new
 chunk's content check runs in the same worker call as its write.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -47,6 +49,10 @@ IO_CONCURRENCY_DEFAULT = 4
 SHARDS = 256
 # Collected chunks wait in the tmp folder under this prefix until the trash is emptied.
 TRASH_PREFIX = "gc-"
+# Errors of reading a chunk's file that come from the process, not from the file.
+PROCESS_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EINTR, errno.EAGAIN}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,14 +248,24 @@ class ChunkStore:
         return True
 
     async def _read(self, chunk_id: str) -> bytes | None:
+        """The file's bytes, None when it is gone. A file that cannot be read (an I/O
+        error, or it ended before its size while read: changed in place) is a copy as bad
+        as a corrupt one: quarantined, and ``ChunkCorrupt``; an error of the process
+        (out of file handles, of memory) says nothing of the copy and propagates."""
         if chunk_id not in self._index:
             return None
-        async with self._io:
-            try:
+        try:
+            async with self._io:
                 return await asyncio.to_thread(self._read_file, self._path(chunk_id))
-            except FileNotFoundError:
-                self._forget(chunk_id)
-                return None
+        except FileNotFoundError:
+            self._forget(chunk_id)
+            return None
+        except OSError as exc:
+            if exc.errno in PROCESS_ERRNOS:
+                raise
+            reason = f"its file cannot be read: {exc}"
+        await self.quarantine(chunk_id, reason)
+        raise ChunkCorrupt(f"chunk {chunk_id}: {reason}")
 
     async def _check(
         self, chunk_id: str, stored: bytes, check: Callable[[bytes, str], object]
@@ -305,10 +321,15 @@ class ChunkStore:
         target = self._quarantine_dir / f"{chunk_id}.{secrets.token_hex(4)}"
         try:
             async with self._io:
-                # Read-only: the corrupt file stays, forgotten (never served: every read
-                # verifies, and the next start indexes and checks it again).
-                with contextlib.suppress(FileNotFoundError, StorageFull):
+                # Read-only, or a disk that fails: the corrupt file stays, forgotten
+                # (never served: every read verifies, and the next start indexes and
+                # checks it again).
+                try:
                     await asyncio.to_thread(move_or_remove, self._path(chunk_id), target)
+                except (FileNotFoundError, StorageFull):
+                    pass
+                except OSError as exc:
+                    log.error("chunk %s: its file stays in place, forgotten: %s", chunk_id, exc)
         finally:
             self._quarantining.discard(chunk_id)
         self._forget(chunk_id)

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 CLUSTER_FILE_FORMAT = 1
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "kib": 1024, "ki": 1024,

@@ -36,7 +36,10 @@ fs``) talks to one peer and fails over to another.
 PUT, DELETE and rename may also be fenced: ``lease=<record key>&fence=<n>`` (both or
 neither) says the writer holds the lease in that record with fence ``n``
 (``ring.lease``); the peer reads the lease record first and refuses with 409 "fenced"
-when its fence is not ``n`` (taken over since, or never held), writing nothing.
+when its fence is not ``n`` (taken over since, or never held), writing nothing. ``n``
+is ASCII digits in 1..``FENCE_MAX`` and the key is never a file's record (``fs/``):
+else 400. A scoped credential names a lease under its prefix (``lease_within``): else
+403.
 
 PUT and rename take ``op=<24 lowercase hex digits>``, the operation's id, the same on
 every retry: a retry that finds its operation already done answers as the first attempt
@@ -49,7 +52,8 @@ are absolute, ``/``-separated, without empty, ``.`` or ``..`` components; a comp
 any UTF-8 text without control characters (spaces, ``%``, ``=`` and non-ASCII letters
 included: Spark escapes partition values as ``%XX``), at most ``COMPONENT_BYTES_MAX``
 bytes. In a URL a path follows the route without its leading ``/`` (the root is the
-empty path), each component percent-encoded (UTF-8). ``ROOT`` is always a directory.
+empty path), each component percent-encoded (UTF-8; escapes that do not decode to UTF-8
+are refused, ``ring.parse.check_target``). ``ROOT`` is always a directory.
 
 On the ring a path is a record key (``path_key``), which allows fewer characters: every
 byte of a character outside ``[A-Za-z0-9._=-]`` is written ``:XX`` (``:`` itself
@@ -80,6 +84,7 @@ from ring.api import (
     HEADER_FILE_TAG,
     HEADER_MTIME_MS,
     Route,
+    parse_ascii_int,
 )
 from ring.errors import ProtocolError
 from ring.lease import FENCE_MAX
@@ -87,7 +92,9 @@ from ring.records import validate_key
 
 __all__ = [
     "fence_query",
+    "lease_within",
     "parse_fence",
+    "FENCED_ROUTES",
     "FILE_BYTES_MAX",
     "FS_DELETE",
     "FS_LIST",
@@ -131,6 +138,8 @@ FS_ROUTES = (FS_WRITE, FS_READ, FS_DELETE, FS_STAT, FS_LIST, FS_RENAME, FS_MKDIR
 # Bodies the handler reads as they arrive (bounded by FILE_BYTES_MAX) and checks against
 # the signed digest, instead of the peer buffering them before it authenticates.
 STREAMED_BODY_ROUTES = frozenset({FS_WRITE})
+# The routes a write may fence (``lease=&fence=``).
+FENCED_ROUTES = frozenset({FS_WRITE, FS_DELETE, FS_RENAME})
 
 
 ROOT = "/"
@@ -261,9 +270,27 @@ def parse_fence(query: Mapping[str, str]) -> tuple[str, int] | None:
     if key is None or fence is None:
         raise ProtocolError("a fenced write names both lease=<record key> and fence=<n>")
     validate_key(key)
-    if not fence.isdigit() or len(fence) > 16 or not 1 <= int(fence) <= FENCE_MAX:
-        raise ProtocolError(f"fence is an integer in 1..{FENCE_MAX}")
-    return key, int(fence)
+    if key.startswith(PATH_KEY_PREFIX):
+        raise ProtocolError(f"lease {key[:80]!r} is a file's record, not a lease's")
+    try:
+        number = parse_ascii_int(fence, "fence", FENCE_MAX)
+    except ProtocolError:
+        number = 0
+    if number < 1:
+        raise ProtocolError(f"fence is an integer of ASCII digits in 1..{FENCE_MAX}")
+    return key, number
+
+
+def lease_within(key: str, prefix: str) -> bool:
+    """Whether a credential scoped to the path ``prefix`` may fence its writes with the
+    lease record ``key``: a key under the prefix written as a record key (``/spark``
+    reaches ``spark/<query>/lease``, the Spark connector's leases; ``/`` reaches every
+    key). The peer reads that record for the request, and its answer says whether it
+    exists and who holds it: no more than the credential's own prefix may tell."""
+    if prefix == ROOT:
+        return True
+    scope = validate_path(prefix)[1:]
+    return key == scope or key.startswith(scope + "/")
 
 
 def components(path: str) -> list[str]:

@@ -32,12 +32,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ring.errors import ConfigError, ProtocolError
+from ring.parse import load_json
 
 __all__ = [
     "DRIFT_DEFAULT",
     "DRIFT_MAX",
     "FENCE_MAX",
     "HOLDER_CHARS_MAX",
+    "LEASE_BYTES_MAX",
     "LEASE_FORMAT",
     "NOTE_BYTES_MAX",
     "RENEW_EVERY_S_DEFAULT",
@@ -145,6 +147,10 @@ class Lease:
 
 
 NOTE_BYTES_MAX = 2048
+# A lease record's value: what ``encode`` writes with the longest holder and note is
+# under 3 KiB. Read through the bounded JSON loader (``ring.parse``): a record that any
+# fenced write names is untrusted input to the peer that reads it.
+LEASE_BYTES_MAX = 8192
 
 
 def first_lease(holder: str, timeout_s: float, wall: float) -> Lease:
@@ -155,7 +161,7 @@ def first_lease(holder: str, timeout_s: float, wall: float) -> Lease:
 def parse_lease(raw: bytes) -> Lease:
     """A lease record's value; ``ProtocolError`` when it is not one."""
     try:
-        data = json.loads(raw)
+        data = load_json(raw, bytes_max=LEASE_BYTES_MAX)
         if not isinstance(data, dict) or data.get("format") != LEASE_FORMAT:
             raise ProtocolError("not a lease record (format 1)")
         fence = data["fence"]

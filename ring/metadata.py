@@ -42,6 +42,7 @@ from ring.cluster import (
 )
 from ring.errors import ProtocolError, StorageFull
 from ring.files import PendingWrite, make_folders, write_file_atomic
+from ring.parse import load_json
 from ring.paxos import Ballot, Preempted, Slot, Value
 
 __all__ = ["Decided", "Metadata", "NotVoter", "Unready"]
@@ -114,12 +115,13 @@ class Metadata:
         self._keep_reserve()
         if self._saved.path.exists():
             try:
-                answer = parse_cluster_answer(json.loads(self._saved.path.read_bytes()))
+                saved = load_json(self._saved.path.read_bytes())
+                answer = parse_cluster_answer(saved)
             except (OSError, ValueError, ProtocolError) as exc:
                 log.error("ignoring the saved configuration %s: %s", self._saved.path, exc)
             else:
                 self.current, self.recent = answer.current, list(answer.recent)
-                self.learned_at = _learned_at(json.loads(self._saved.path.read_bytes()))
+                self.learned_at = _learned_at(saved)
                 self.settled_epoch = answer.settled_epoch
         if self._slot_path.exists():
             try:

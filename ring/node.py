@@ -45,6 +45,7 @@ from ring.loops import run_periodic
 from ring.membership import Entry, MemberTable, Timeouts
 from ring.metadata import Metadata
 from ring.overlay import Overlay
+from ring.parse import json_int, load_json
 from ring.peer_config import PeerConfig
 from ring.placement import Member, Ring
 from ring.ratelimit import ForegroundGate, TokenBucket
@@ -85,9 +86,9 @@ def _saved_epoch(path: Path, peer_id: str) -> int:
     if not path.exists():
         return 0
     try:
-        identity = json.loads(path.read_text())
-        owner, epoch = str(identity["peer_id"]), int(identity["epoch"])
-    except (OSError, KeyError, TypeError, ValueError) as exc:
+        identity = load_json(path.read_bytes())
+        owner, epoch = str(identity["peer_id"]), json_int(identity["epoch"], "epoch")
+    except (OSError, KeyError, TypeError, ValueError, ProtocolError) as exc:
         raise ConfigError(f"{path} is not a valid peer identity: {exc}") from exc
     if owner != peer_id:
         raise ConfigError(f"{path.parent} holds the data of peer {owner!r}, not {peer_id!r}")
@@ -113,7 +114,7 @@ def _load_members(path: Path) -> list[Entry]:
     if not path.exists():
         return []
     try:
-        return parse_member_table(json.loads(path.read_text()))
+        return parse_member_table(load_json(path.read_bytes()))
     except (OSError, ValueError, ProtocolError) as exc:
         log.warning("ignoring saved member table %s: %s", path, exc)
         return []

@@ -2,9 +2,12 @@
 and JSON bounded in size, nesting and number length before and while it is parsed.
 
 Every number a peer takes from the wire goes through ``parse_ascii_int`` (``str.isdigit``
-and ``int`` also accept "²" and fullwidth digits), every JSON body through ``load_json``
-(``json.loads`` alone recurses without bound and accepts NaN, Infinity and numbers of
-any length). ``ring.api`` re-exports these with the rest of the wire contract.
+and ``int`` also accept "²" and fullwidth digits), every JSON body or stored JSON value
+through ``load_json`` (``json.loads`` alone recurses without bound and accepts NaN,
+Infinity and numbers of any length), and every request target through ``check_target``
+(aiohttp keeps a path's escapes that are not UTF-8, such as ``%FF``, as their literal
+text and turns a query's into U+FFFD: either way two URLs would name one thing).
+``ring.api`` re-exports these with the rest of the wire contract.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import math
 from itertools import accumulate
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from ring.errors import ProtocolError
 
@@ -23,6 +27,7 @@ __all__ = [
     "JSON_INT_MAX",
     "JSON_NUMBER_CHARS_MAX",
     "QUERY_INT_MAX",
+    "check_target",
     "json_int",
     "load_json",
     "parse_ascii_int",
@@ -53,6 +58,18 @@ def parse_ascii_int(text: str, name: str, maximum: int) -> int:
     if value > maximum:
         raise ProtocolError(f"{name} must be at most {maximum}")
     return value
+
+
+def check_target(raw: str) -> None:
+    """Refuse a request target (path and query, as sent) whose percent-escapes do not
+    decode to UTF-8: a lone ``%FF``, an encoded surrogate (``%ED%A0%80``), an overlong
+    form (``%C0%AF``). Strict UTF-8 is what every client encodes names with."""
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeError:
+        raise ProtocolError(
+            "the request's path or query has percent-escapes that are not UTF-8"
+        ) from None
 
 
 def parse_int(raw: str | None, name: str, default: int | None, maximum: int = QUERY_INT_MAX) -> int:

@@ -85,7 +85,8 @@ class Forbidden(Exception):
 
 
 def _authorize(request: web.Request, principal: Principal) -> None:
-    """A scoped credential reaches only the file namespace under its prefix."""
+    """A scoped credential reaches only the file namespace under its prefix, and fences
+    its writes only with leases under it (``fs_api.lease_within``)."""
     prefix = principal.prefix
     if prefix is None:
         return
@@ -98,6 +99,12 @@ def _authorize(request: web.Request, principal: Principal) -> None:
     for path in fs_api.paths_of(route, request.match_info, request.query):
         if not _under(path, prefix):
             raise Forbidden(f"{path[:200]} is outside {prefix}, the credential's prefix")
+    fenced = fs_api.parse_fence(request.query) if route in fs_api.FENCED_ROUTES else None
+    if fenced is not None and not fs_api.lease_within(fenced[0], prefix):
+        raise Forbidden(
+            f"lease {fenced[0][:200]} is outside {prefix}, the credential's prefix (a "
+            f"credential scoped to {prefix} fences with leases under {prefix[1:]}/)"
+        )
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -189,6 +196,8 @@ class Peer:
         digest, principal = self.verifier.authenticate(
             request.method, request.raw_path, request.headers, targets
         )
+        # Before anything reads the decoded path or query (the scope check first).
+        api.check_target(request.raw_path)
         _authorize(request, principal)
         if _streamed_body(request):
             # Read (bounded) and checked against the digest by the handler as it goes.

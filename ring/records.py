@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
-import json
 import logging
 import re
 import secrets
@@ -42,6 +41,7 @@ from ring import paxos
 from ring.api import RECORD_BYTES_MAX, REF_BYTES, REFS_MAX, VERSION_MAX
 from ring.errors import ProtocolError
 from ring.files import make_folders, move_or_remove, write_file_atomic
+from ring.parse import json_int, load_json
 from ring.paxos import Ballot, Preempted, Slot, Value
 from ring.records_api import SCAN_HEAD_BYTES_MAX, SCAN_VISITS_MAX
 from ring.records_api import split_record_envelope as split_envelope
@@ -119,9 +119,9 @@ def _decode(data: bytes) -> tuple[str, Slot]:
 
 def _decode_legacy(data: bytes) -> tuple[str, Slot]:
     (meta_len,) = _LENGTH.unpack_from(data, 4)
-    meta = json.loads(data[8 : 8 + meta_len])
+    meta = load_json(data[8 : 8 + meta_len])
     body = data[8 + meta_len :]
-    refs_count = int(meta.get("refs", 0))
+    refs_count = json_int(meta.get("refs", 0), "refs", REFS_MAX)
     if xxhash.xxh3_64_hexdigest(body[: refs_count * REF_BYTES]) != meta.get(
         "refs_xxh3", xxhash.xxh3_64_hexdigest(b"")
     ):
@@ -130,7 +130,9 @@ def _decode_legacy(data: bytes) -> tuple[str, Slot]:
     if len(value) != meta["value_bytes"] or xxhash.xxh3_64_hexdigest(value) != meta["value_xxh3"]:
         raise ValueError("value checksum mismatch")
     deleted = meta.get("deleted")
-    register = Value(int(meta["version"]), value, refs, deleted is not None)
+    register = Value(
+        json_int(meta["version"], "version", VERSION_MAX), value, refs, deleted is not None
+    )
     slot = Slot(LEGACY_BALLOT, LEGACY_BALLOT, register, None if deleted is None else float(deleted))
     return str(meta["key"]), slot
 

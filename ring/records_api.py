@@ -134,7 +134,7 @@ def split_record_envelope(body: bytes, refs_count: int) -> tuple[bytes, tuple[st
 def parse_written_version(answer: Any) -> int:
     """The version a record write or delete stored."""
     try:
-        return int(answer["version"])
+        return json_int(answer["version"], "version", VERSION_MAX)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed record write answer: {exc!r}") from exc
 
@@ -176,7 +176,11 @@ def parse_records_list(answer: Any) -> list[tuple[str, int, bool]]:
     """``(key, version, deleted)`` of each record a listing names."""
     try:
         return [
-            (str(entry["key"]), int(entry["version"]), bool(entry.get("deleted", False)))
+            (
+                str(entry["key"]),
+                json_int(entry["version"], "version", VERSION_MAX),
+                bool(entry.get("deleted", False)),
+            )
             for entry in answer["records"]
         ]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

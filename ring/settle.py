@@ -174,7 +174,8 @@ class Settler:
             path = records_api.records_scan_path("", PAGE_RECORDS, after=after)
             try:
                 answer = await self._transport.request(address, api.RECORDS_LIST.method, path)
-                at = int(answer.headers.get(api.HEADER_EPOCH, "-1"))
+                raw_epoch = answer.headers.get(api.HEADER_EPOCH, "")
+                at = api.parse_ascii_int(raw_epoch, "epoch", api.VERSION_MAX) if raw_epoch else -1
                 page = records_api.parse_scan_answer(answer.json(), PAGE_RECORDS)
             except (SR3Error, ProtocolError, ValueError) as exc:
                 log.debug("catching up: %s gave no scan page: %s", peer_id, exc)

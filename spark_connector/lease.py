@@ -30,6 +30,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from ring.auth import is_credential, parse_credential
 from ring.errors import (
     ConfigError,
     DataUnavailable,
@@ -41,6 +42,7 @@ from ring.errors import (
     RecordUnknown,
     SR3Error,
 )
+from ring.fs_api import lease_within
 from ring.lease import (
     DRIFT_DEFAULT,
     RENEW_EVERY_S_DEFAULT,
@@ -56,7 +58,14 @@ from ring.lease import (
 from ring.sync_client import SyncClient
 from spark_connector.manifest import check_query_name
 
-__all__ = ["LeaseState", "QueryLease", "default_holder", "lease_key", "read_lease"]
+__all__ = [
+    "LeaseState",
+    "QueryLease",
+    "check_credential_fences",
+    "default_holder",
+    "lease_key",
+    "read_lease",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +84,27 @@ RENEW_RETRIES_MAX = 2
 
 def lease_key(query: str) -> str:
     return f"spark/{check_query_name(query)}/lease"
+
+
+def check_credential_fences(credential: str | None, query: str) -> None:
+    """Refuse (``ConfigError``) a scoped credential whose writes cannot be fenced with
+    the query's lease: a peer answers 403 to a fenced write whose lease key is not under
+    the credential's prefix (``ring.fs_api.lease_within``), so an ``sr3://`` standby
+    would lose every offset and commit write after taking over. None, or the cluster
+    secret, fences with any lease."""
+    if credential is None or not is_credential(credential):
+        return
+    try:
+        prefix = parse_credential(credential).prefix
+    except ProtocolError as exc:
+        raise ConfigError(f"the session's sr3:// credential: {exc}") from exc
+    key = lease_key(query)
+    if not lease_within(key, prefix):
+        raise ConfigError(
+            f"the session's sr3:// credential is scoped to {prefix}, which does not reach "
+            f"the lease {key} that fences query {query}'s offset and commit logs: issue one "
+            f"scoped to /spark or /spark/{query} (sr3 spark conf --prefix)"
+        )
 
 
 def default_holder() -> str:

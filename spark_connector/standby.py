@@ -62,7 +62,7 @@ from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, 
 from ring.sync_client import SyncClient
 from spark_connector.fs_checkpoints import SCHEME, fs_path_of
 from spark_connector.fs_client import FsClient
-from spark_connector.lease import LeaseState, QueryLease
+from spark_connector.lease import LeaseState, QueryLease, check_credential_fences
 from spark_connector.manifest import check_query_name
 from spark_connector.plan_hook import check_session
 from spark_connector.plans import place_plan
@@ -90,6 +90,8 @@ WARM_EVERY_S = 10.0
 WARM_S_MAX = 120.0
 # The JVM counts a fence valid this much less than the Python side does (py4j's call).
 FENCE_MARGIN_MS = 50
+# The Hadoop conf the Java FileSystem takes its credential from (``spark.hadoop.`` + it).
+CREDENTIAL_CONF = "fs.sr3.credential"
 
 BEHIND_BATCHES = Gauge(
     "sr3_standby_behind_batches", "Batches the standby is behind the active side.", ["query"]
@@ -271,6 +273,8 @@ class Standby:
         run to warm Spark up."""
         if self._prepared:
             return
+        if self.mode == "fs":
+            self._check_fences()
         if self._puller is not None:
             spark = self._session()
             if spark is not None:
@@ -278,6 +282,15 @@ class Standby:
             self._pull(None)  # a whole restore first: the rest are increments
         self._warm_spark()
         self._prepared = True
+
+    def _check_fences(self) -> None:
+        """Refuse now a session whose sr3:// credential cannot fence the query's logs
+        with its lease (``check_credential_fences``), rather than after a takeover."""
+        spark = self._session()
+        if spark is None:
+            return
+        credential = spark.sparkContext._jsc.hadoopConfiguration().get(CREDENTIAL_CONF)
+        check_credential_fences(None if credential is None else str(credential), self.query)
 
     def _warm_spark(self) -> None:
         """Run a tiny streaming query of the same kind (stateful, ``foreachBatch``, the

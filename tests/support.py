@@ -57,6 +57,7 @@ __all__ = [
     "chunk_file",
     "chunk_holders",
     "commit_next_batch",
+    "log_ends",
     "cut_rename",
     "fs_rename",
     "materialize",
@@ -67,6 +68,7 @@ __all__ = [
     "require_spark",
     "spark_credential",
     "spark_required",
+    "tracebacks_since",
     "start_cluster",
     "wall_ms",
     "where_renamed",
@@ -270,6 +272,29 @@ def chunk_holders(cluster: LocalCluster, chunk_id: str) -> list[str]:
         for peer in cluster.cluster.peers
         if chunk_file(cluster, peer.peer_id, chunk_id).is_file()
     ]
+
+
+def log_ends(cluster: LocalCluster) -> dict[str, int]:
+    """How far each peer's log reaches now (for ``tracebacks_since``)."""
+    return {
+        peer.peer_id: Path(peer.log_file).stat().st_size
+        for peer in cluster.cluster.peers
+        if peer.log_file is not None and Path(peer.log_file).exists()
+    }
+
+
+def tracebacks_since(cluster: LocalCluster, ends: Mapping[str, int]) -> list[str]:
+    """Each traceback a peer logged since ``ends`` (``log_ends``): its peer and first
+    lines."""
+    found = []
+    for peer in cluster.cluster.peers:
+        if peer.log_file is None or not Path(peer.log_file).exists():
+            continue
+        with Path(peer.log_file).open("rb") as log:
+            log.seek(ends.get(peer.peer_id, 0))
+            text = log.read().decode(errors="replace")
+        found += [f"{peer.peer_id}: {part[:1500]}" for part in text.split("Traceback")[1:]]
+    return found
 
 
 def metric_value(text: str, name: str) -> float:

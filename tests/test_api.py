@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ring import api, codec, records_api
+from ring import api, codec, fs_api, records_api
+from ring.blobs import BlobRef, Extent
 from ring.errors import ProtocolError
+from ring.lease import FENCE_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ring", "recovery", "spark_connector", "sr3", "benchmarks")
@@ -397,3 +401,123 @@ def test_a_record_key_with_a_trailing_newline_is_refused() -> None:
     with pytest.raises(ProtocolError):
         validate_key("abc\n")
     assert validate_key("abc") == "abc"
+
+
+@given(st.text(max_size=20))
+def test_a_fence_is_ascii_digits_in_range_and_nothing_else(text: str) -> None:
+    """``str.isdigit`` takes "²", "⑤", fullwidth and Arabic-Indic digits (``int`` then
+    raised or read them as numbers): a fence is 1..FENCE_MAX in ASCII digits only."""
+    query = {"lease": "spark/q/lease", "fence": text}
+    ascii_digits = text != "" and all(char in "0123456789" for char in text)
+    if ascii_digits and len(text) <= 16 and 1 <= int(text) <= FENCE_MAX:
+        assert fs_api.parse_fence(query) == ("spark/q/lease", int(text))
+    else:
+        with pytest.raises(ProtocolError):
+            fs_api.parse_fence(query)
+
+
+@pytest.mark.parametrize(
+    "fence", ["\u00b2", "\u2075", "\u2464", "\uff15", "\u0665", "\u0661\u0665"]
+)
+def test_a_fence_in_digits_that_are_not_ascii_is_refused(fence: str) -> None:
+    with pytest.raises(ProtocolError, match="ASCII"):
+        fs_api.parse_fence({"lease": "spark/q/lease", "fence": fence})
+
+
+def test_a_fence_names_a_lease_record_never_a_files() -> None:
+    with pytest.raises(ProtocolError, match="file's record"):
+        fs_api.parse_fence({"lease": fs_api.path_key("/spark/q/commits/0"), "fence": "1"})
+    assert fs_api.parse_fence({"lease": "fsx/renames/x", "fence": "7"}) == ("fsx/renames/x", 7)
+    assert fs_api.parse_fence({}) is None
+
+
+@pytest.mark.parametrize(
+    ("prefix", "key", "within"),
+    [
+        ("/", "anything/at/all", True),
+        ("/spark", "spark/q1/lease", True),
+        ("/spark", "spark", True),
+        ("/spark", "sparkle/q1/lease", False),
+        ("/spark", "other/q1/lease", False),
+        ("/spark/q1", "spark/q1/lease", True),
+        ("/spark/sessions", "spark/q1/lease", False),
+    ],
+)
+def test_a_scoped_credential_fences_with_leases_under_its_prefix(
+    prefix: str, key: str, within: bool
+) -> None:
+    assert fs_api.lease_within(key, prefix) is within
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/v1/fs/files/a%FF",
+        "/v1/fs/files/a%ED%A0%80",  # a surrogate
+        "/v1/fs/files/a%C0%AF",  # an overlong "/"
+        "/v1/fs/files/a%E2%82",  # cut short
+        "/v1/fs/rename?from=%2Fa%FF&to=%2Fb",
+        "/v1/fs/files/a?lease=spark%2Fq%2Flease&fence=1%FF",
+        "/v1/fs/files/a\udcff",  # a raw byte aiohttp kept as a surrogate escape
+    ],
+)
+def test_a_target_whose_escapes_are_not_utf8_is_refused(target: str) -> None:
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        api.check_target(target)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/v1/fs/files/a%25FF",  # a name holding "%FF" itself
+        "/v1/fs/files/%C3%A9t%C3%A9/%F0%9F%93%81",
+        "/v1/fs/rename?from=%2Fa&to=%2Fb+c&op=0123456789abcdef01234567",
+        "/v1/ring",
+    ],
+)
+def test_a_target_of_utf8_escapes_is_taken(target: str) -> None:
+    api.check_target(target)
+
+
+# Numbers in answers and stored values that ``int()`` took: a string of digits (ASCII or
+# not), a float, a bool, a negative count.
+LOOSE_NUMBERS = ["5", "\u0665", 5.0, 5.7, True, -1]
+
+
+def _with(value: object, path: tuple[str | int, ...], number: object) -> object:
+    """``value`` (JSON-shaped) with the item at ``path`` replaced by ``number``."""
+    copied = json.loads(json.dumps(value))
+    holder = copied
+    for step in path[:-1]:
+        holder = holder[step]
+    holder[path[-1]] = number
+    return copied
+
+
+@pytest.mark.parametrize("number", LOOSE_NUMBERS)
+def test_numbers_in_answers_and_stored_values_are_json_integers(number: object) -> None:
+    """Peers' answers (a ring, an exists answer, info, a record write or listing) and a
+    stored blob reference give counts and versions as JSON integers: anything else
+    ``int()`` used to take is a ``ProtocolError``."""
+    a = codec.chunk_id(b"a")
+    ring = api.RingDescription(
+        (api.MemberState("p1", "127.0.0.1:1", "z", "up"),), 3, 2, 256, False
+    ).to_json()
+    info = {"stored_bytes": 10, "chunk_count": 2, "record_count": 1, "epoch": 3}
+    blob = BlobRef(4, "0" * 32, (Extent(a, 0, 4),)).to_json()
+    cases: list[tuple[Callable[[Any], object], object, tuple[str | int, ...]]] = [
+        (api.RingDescription.from_json, ring, ("replication",)),
+        (api.RingDescription.from_json, ring, ("vnodes",)),
+        (api.parse_exists_answer, {"present": [a], "stored_bytes": {a: 7}}, ("stored_bytes", a)),
+        (api.parse_info, info, ("chunk_count",)),
+        (api.parse_info, info, ("epoch",)),
+        (records_api.parse_written_version, {"version": 2}, ("version",)),
+        (records_api.parse_records_list, {"records": [{"key": "k", "version": 2}]},
+         ("records", 0, "version")),
+        (BlobRef.from_json, blob, ("size",)),
+        (BlobRef.from_json, blob, ("extents", 0, 2)),
+    ]  # fmt: skip
+    for parse, good, path in cases:
+        parse(good)
+        with pytest.raises(ProtocolError):
+            parse(_with(good, path, number))

@@ -385,3 +385,56 @@ async def test_quarantined_count_survives_restart_and_counts_chunks_only(tmp_pat
         record_file.write_bytes(b"garbage")
     RecordStore(tmp_path).open()  # quarantines the record file
     assert _open(tmp_path).stats().quarantined == 1
+
+
+async def test_a_copy_whose_file_cannot_be_read_is_quarantined_like_a_corrupt_one(
+    tmp_path: Path,
+) -> None:
+    """Breaks: a chunk's file that cannot be read: a directory in its place, and a read
+    that fails with EIO as a direct read does when the file shrinks under it (rewritten
+    in place) or the disk fails (injected: the file reader is the one seam). Must hold:
+    a read and the scrubber's verify raise ``ChunkCorrupt`` (was: ``OSError``, a 500
+    and a traceback at a GET), the copy is quarantined and reported (``on_corrupt``)
+    and no longer indexed; a good write stores it again. An error of the process (out
+    of file handles) says nothing of the copy: it propagates and the copy stays."""
+    store = _open(tmp_path)
+    corrupt: list[str] = []
+    store.on_corrupt = lambda chunk_id, _reason: corrupt.append(chunk_id)
+    folder_id, folder_stored = _chunk(60)
+    await store.put(folder_id, folder_stored)
+    path = tmp_path / "chunks" / folder_id[:2] / folder_id
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ChunkCorrupt, match="cannot be read"):
+        await store.get(folder_id)
+    assert corrupt == [folder_id] and not store.has(folder_id)
+    assert [p.name.split(".")[0] for p in (tmp_path / "quarantine").iterdir()] == [folder_id]
+    assert await store.put(folder_id, folder_stored)
+    assert await store.get(folder_id) == folder_stored
+
+    real_read = store._read_file
+    failing: dict[str, int] = {}
+
+    def read_file(file: Path) -> bytes:
+        code = failing.get(file.name)
+        if code is None:
+            return real_read(file)
+        raise OSError(code, f"file ended at 0 of {file.stat().st_size} bytes while read")
+
+    store._read_file = read_file
+    for action, seed in ((store.get, 61), (store.verify, 62)):
+        chunk_id, stored = _chunk(seed)
+        await store.put(chunk_id, stored)
+        failing[chunk_id] = errno.EIO
+        with pytest.raises(ChunkCorrupt, match="cannot be read"):
+            await action(chunk_id)
+        assert corrupt[-1] == chunk_id and not store.has(chunk_id), action
+    kept_id, kept = _chunk(63)
+    await store.put(kept_id, kept)
+    failing[kept_id] = errno.EMFILE
+    with pytest.raises(OSError, match="ended"):
+        await store.get(kept_id)
+    assert store.has(kept_id) and corrupt[-1] != kept_id
+    del failing[kept_id]
+    assert await store.get(kept_id) == kept
+    assert store.stats().quarantined == 3

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ring.client.view import parse_seeds
 from ring.config import ClusterFile, ClusterPeer, cluster_file_path, parse_size, resolve
 from ring.errors import ConfigError
 
@@ -38,7 +39,11 @@ def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "MiB", "-1", "1 PB", "1 ib", "ten", "1e6", "0x10", "1,5GB"])
+@pytest.mark.parametrize(
+    "text",
+    # The last two: digits that are not ASCII (an Arabic-Indic 5, a fullwidth 1).
+    ["", "MiB", "-1", "1 PB", "1 ib", "ten", "1e6", "0x10", "1,5GB", "\u0665MB", "\uff11.5GB"],
+)
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ConfigError, match="not a size"):
         parse_size(text)
@@ -141,3 +146,10 @@ def test_broken_cluster_file_is_a_config_error(env: pytest.MonkeyPatch, content:
     cluster_file_path().write_text(content)
     with pytest.raises(ConfigError):
         resolve(None, None)
+
+
+@pytest.mark.parametrize("ring", ["127.0.0.1:\u0665\u0665", "127.0.0.1:\u00b2", "h:"])
+def test_a_seed_port_is_ascii_digits(ring: str) -> None:
+    """``str.isdigit`` took the first two ports (``int()`` then read or refused them)."""
+    with pytest.raises(ConfigError, match="not host:port"):
+        parse_seeds(ring)

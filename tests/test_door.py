@@ -364,6 +364,42 @@ async def test_a_chunk_bad_on_every_copy_is_reported_kept_and_healed_by_a_rewrit
         await _eventually(cleared, "the listing clears once good copies are back")
 
 
+async def test_a_chunk_whose_file_cannot_be_read_is_a_422_then_restored_not_a_500(
+    make_cluster: MakeCluster,
+) -> None:
+    """Breaks: a holder's chunk file cannot be read (a directory in its place; a file
+    rewritten in place under a read fails the same way, with EIO: that GET, from a peer
+    restoring its own bad copy, answered 500 in one of three runs of the scrubbed case
+    above). Must hold: the GET answers 422 chunk_corrupt, the copy is quarantined and
+    fetched again from the other replica, then served; no 5xx is counted and the log
+    has no traceback."""
+    cluster = make_cluster(2, replication=2, write_quorum=2, peer_flags=["--scrub-rate", "0"])
+    data = state_bytes(100 * 1024, seed=41)
+    async with Client(cluster.ring, cluster.secret) as client:
+        ref = await client.chunks.put_blob(data)
+    (chunk_id,) = {extent.chunk_id for extent in ref.extents}
+    await _eventually(lambda: len(chunk_holders(cluster, chunk_id)) == 2, "two copies")
+    peer = cluster.cluster.peers[0]
+    path = chunk_file(cluster, peer.peer_id, chunk_id)
+    good = path.read_bytes()
+    path.unlink()
+    path.mkdir()
+    async with HttpProbe(cluster.secret) as probe:
+        answer = await probe.signed(peer.address, "GET", f"/v1/chunks/{chunk_id}")
+        assert answer.status == 422 and answer.json()["error"] == "chunk_corrupt", answer
+
+        async def restored() -> bool:
+            again = await probe.signed(peer.address, "GET", f"/v1/chunks/{chunk_id}")
+            return again.status == 200 and again.body == good
+
+        await _eventually(restored, "the copy fetched again from the other replica")
+        metrics = await probe.metrics(peer.address)
+        assert _five_xx_but_not_ready(metrics) == 0, _five_xx_routes(metrics)
+    quarantine = Path(peer.data_dir) / "quarantine"
+    assert [p.name.split(".")[0] for p in quarantine.iterdir()] == [chunk_id]
+    assert "Traceback" not in _log(cluster)
+
+
 async def test_a_writer_whose_bytes_the_replicas_refuse_encodes_them_again(
     make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,17 +26,18 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-from support import HttpProbe, require_spark
+from support import HttpProbe, log_ends, require_spark, tracebacks_since
 
 from ring import api, fs_api
 from ring.client import Client
 from ring.errors import Fenced, NotFound
-from ring.lease import first_lease, parse_lease
+from ring.lease import LEASE_BYTES_MAX, first_lease, parse_lease
 from spark_connector.fs_client import FsClient
 from sr3.local import LocalCluster
 
@@ -157,11 +158,57 @@ async def test_an_absent_released_or_foreign_lease_refuses_fenced_writes(
                 await fs.stat(f"{root}/{name}")
 
 
+async def test_a_lease_record_nested_deep_or_huge_refuses_fenced_writes_without_a_5xx(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: the record a fenced PUT, rename and delete name holds JSON nested 100 000
+    deep, a number of 5 000 digits, or a lease padded past ``LEASE_BYTES_MAX`` (was: 500
+    ``RecursionError`` and a traceback at every fenced write naming it). Must hold: each
+    is refused 409 "fenced" (the record is not a lease), writes nothing, and no peer
+    logs a traceback."""
+    root, key = _names(rng)
+    lease = first_lease("driver-a", LEASE_TIMEOUT_S, 1.0)
+    values = {
+        "deep": b"[" * 100_000 + b"]" * 100_000,
+        "digits": lease.encode().replace(b'"fence":1', b'"fence":' + b"1" * 5000),
+        "huge": lease.encode()[:-1] + b',"pad":"' + b"x" * LEASE_BYTES_MAX + b'"}',
+    }
+    ends = log_ends(ring)
+    async with Client(ring.ring, ring.secret) as client, FsClient(ring.ring, ring.secret) as fs:
+        await fs.write(f"{root}/commits/0", b"kept")
+        for name, value in values.items():
+            case_key = f"{key}-{name}"
+            await client.put_record(case_key, value, expected_version=0)
+            fence = (case_key, 1)
+            attempts: list[Callable[[], Awaitable[object]]] = [
+                partial(fs.write, f"{root}/commits/1", b"x", fence=fence),
+                partial(fs.rename, f"{root}/commits/0", f"{root}/commits/9", fence=fence),
+                partial(fs.delete, f"{root}/commits/0", fence=fence),
+            ]
+            for attempt in attempts:
+                with pytest.raises(Fenced, match=f"record {case_key} is not a lease"):
+                    await attempt()
+        assert [entry.name for entry in await fs.list(f"{root}/commits")] == ["0"]
+    assert tracebacks_since(ring, ends) == []
+
+
 @pytest.mark.parametrize(
     "query",
     [
         "lease=spark%2Fq%2Flease",
         "fence=1",
+        # Digits str.isdigit takes: superscript two and five and a circled five made
+        # int() raise (a 500); a fullwidth and an Arabic-Indic five were taken as 5.
+        "lease=spark%2Fq%2Flease&fence=%C2%B2",
+        "lease=spark%2Fq%2Flease&fence=%E2%81%B5",
+        "lease=spark%2Fq%2Flease&fence=%E2%91%A4",
+        "lease=spark%2Fq%2Flease&fence=%EF%BC%95",
+        "lease=spark%2Fq%2Flease&fence=%D9%A5",
+        "lease=spark%2Fq%2Flease&fence=1%FF",
+        "lease=spark%2Fq%2Flease&fence=+1",
+        "lease=spark%2Fq%2Flease&fence=1_0",
+        # A file's record is never a lease (and would tell whether the file exists).
+        "lease=fs%2Fspark%2Ftests&fence=1",
         "lease=spark%2Fq%2Flease&fence=0",
         "lease=spark%2Fq%2Flease&fence=-1",
         "lease=spark%2Fq%2Flease&fence=abc",
@@ -177,10 +224,12 @@ async def test_a_malformed_fence_is_a_400_and_changes_nothing(
     ring: LocalCluster, rng: random.Random, query: str
 ) -> None:
     """Must hold: a fenced PUT, rename or delete whose fence is malformed (one half
-    missing, not a number in range, an invalid record key) is a 400, never a 5xx; it
-    writes, renames and deletes nothing; the peer keeps answering."""
+    missing, not a number of ASCII digits in range, an invalid record key, a file's
+    record) is a 400, never a 5xx; it writes, renames and deletes nothing; the peer
+    keeps answering and logs no traceback."""
     root, _key = _names(rng)
     address = ring.cluster.addresses[1]
+    ends = log_ends(ring)
     async with FsClient(address, ring.secret) as fs:
         await fs.write(f"{root}/commits/0", b"kept")
     async with HttpProbe(ring.secret) as probe:
@@ -198,6 +247,7 @@ async def test_a_malformed_fence_is_a_400_and_changes_nothing(
     async with FsClient(address, ring.secret) as fs:
         assert [entry.name for entry in await fs.list(f"{root}/commits")] == ["0"]
         assert not await fs.exists(f"{root}/moved")
+    assert tracebacks_since(ring, ends) == []
 
 
 # -- through Spark's JVM ---------------------------------------------------------------

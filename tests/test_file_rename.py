@@ -29,6 +29,7 @@ from filesystem.moves import intent_key
 from filesystem.namespace import FsError, Namespace
 from ring import fs_api
 from ring.client import Client
+from ring.errors import NotFound
 from spark_connector.fs_client import FsClient, FsRefused
 from sr3.local import LocalCluster
 
@@ -263,6 +264,51 @@ async def test_a_rename_onto_a_directory_or_without_overwrite_writes_nothing(
             assert cut.writes == 0
             assert await fs.read(f"{root}/f") == b"file"
             assert await fs.read(f"{root}/other") == b"other"
+
+
+async def test_a_rename_is_done_only_when_that_rename_moved_the_file(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a client that reuses an operation id: a file written with op X, then a
+    rename onto it with op X; a rename finished with op Y, then another source renamed
+    onto the same target with op Y; a directory rename finished with op Z, then a
+    missing directory renamed to its destination with op Z (each was answered 200, "done
+    already", and moved nothing). Must hold: each is a rename of its own: refused 409
+    "exists" onto a file without overwrite, moved with it (an op never used for a
+    rename), refused 409 "changed" for an op whose rename ended, 404 for a missing
+    source; a true retry (same op, source and target) is still answered as done."""
+    root = f"/tests/fmv-{rng.randrange(10**12)}"
+    reused = secrets.token_hex(12)
+    async with FsClient(ring.cluster.addresses[0], ring.secret) as fs:
+        put = fs_api.fs_path(fs_api.FS_WRITE, f"{root}/target") + f"?op={reused}"
+        await fs._request("PUT", put, body=b"written with the op")
+        await fs.write(f"{root}/source", b"source")
+        with pytest.raises(FsRefused) as refused:
+            await fs_rename(fs, f"{root}/source", f"{root}/target", reused)
+        assert refused.value.code == "exists", refused.value
+        await fs_rename(fs, f"{root}/source", f"{root}/target", reused, overwrite=True)
+        assert await fs.read(f"{root}/target") == b"source"
+        assert not await fs.exists(f"{root}/source")
+
+        op = secrets.token_hex(12)
+        await fs.write(f"{root}/a", b"a")
+        await fs_rename(fs, f"{root}/a", f"{root}/b", op)
+        assert (await fs_rename(fs, f"{root}/a", f"{root}/b", op)).size == 1  # the retry
+        await fs.write(f"{root}/c", b"cc")
+        for overwrite, code in ((False, "exists"), (True, "changed")):
+            with pytest.raises(FsRefused) as refused:
+                await fs_rename(fs, f"{root}/c", f"{root}/b", op, overwrite=overwrite)
+            assert refused.value.code == code, refused.value
+        assert await fs.read(f"{root}/b") == b"a"
+        assert await fs.read(f"{root}/c") == b"cc"
+
+        op = secrets.token_hex(12)
+        await fs.write(f"{root}/d1/f", b"f")
+        await fs_rename(fs, f"{root}/d1", f"{root}/d2", op)
+        assert (await fs_rename(fs, f"{root}/d1", f"{root}/d2", op)).type == "directory"
+        with pytest.raises(NotFound):
+            await fs_rename(fs, f"{root}/d3", f"{root}/d2", op)
+        assert await fs.read(f"{root}/d2/f") == b"f"
 
 
 def test_cut_client_stops_where_it_is_told() -> None:

@@ -16,12 +16,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import pytest
 import xxhash
 from aiohttp import web
-from support import HttpProbe, MakeCluster
+from support import HttpProbe, MakeCluster, log_ends, tracebacks_since
 from yarl import URL
 
 from filesystem.entries import INLINE_BYTES_MAX
@@ -245,6 +246,48 @@ async def test_any_utf8_name_is_a_path_stored_listed_renamed_and_deleted(
         assert await fs.read(f"{root}/a:3Ab/part-4") == b"a:3Ab"
         assert await fs.delete(f"{root}/é", recursive=True) == 2
         assert "é" not in {s.name for s in await fs.list(root)}
+
+
+@pytest.mark.parametrize("escape", ["%FF", "%ED%A0%80", "%C0%AF", "%E2%82"])
+async def test_a_path_whose_escapes_are_not_utf8_is_refused_on_every_route(
+    ring: LocalCluster, rng: random.Random, escape: str
+) -> None:
+    """Breaks: a path's percent-escape that is no UTF-8 (a lone byte, an encoded
+    surrogate, an overlong "/", a sequence cut short) on every namespace route, in the
+    URL's path and in a rename's query (was: the path stored under the escape's literal
+    text, so ``a%FF`` and ``a%25FF`` named one file; the query's turned into U+FFFD).
+    Must hold: each is 400, and the file whose name is the escape's text (and the one
+    named U+FFFD) are untouched; no peer logs a traceback."""
+    root = _root(rng)
+    literal, replaced = f"{root}/a{escape}", f"{root}/a\ufffd"
+    in_path = "/".join(quote(part, safe="") for part in fs_api.components(root)) + "/a" + escape
+    in_query, moved = quote(f"{root}/a", safe="") + escape, quote(f"{root}/moved", safe="")
+    routes = (fs_api.FS_WRITE, fs_api.FS_READ, fs_api.FS_STAT, fs_api.FS_LIST,
+              fs_api.FS_DELETE, fs_api.FS_MKDIRS, fs_api.FS_USAGE)  # fmt: skip
+    requests = [(route.method, route.pattern.replace("{path:.*}", in_path)) for route in routes]
+    rename = fs_api.FS_RENAME.pattern
+    requests += [("POST", f"{rename}?from={in_query}&to={moved}"),
+                 ("POST", f"{rename}?from={moved}&to={in_query}")]  # fmt: skip
+    address = ring.cluster.addresses[2]
+    async with FsClient(address, ring.secret) as fs:
+        await fs.write(literal, b"literal")
+        await fs.write(replaced, b"replaced")
+        await fs.write(f"{root}/moved", b"moved")
+    ends = log_ends(ring)
+    async with HttpProbe(ring.secret) as probe:
+        for method, path in requests:
+            body = b"overwritten" if method == "PUT" else None
+            query = "?overwrite=1" if method == "PUT" else ""
+            answer = await probe.signed(address, method, path + query, body=body)
+            assert answer.status == 400, (method, path, answer.status, answer.body[:200])
+            assert "not UTF-8" in answer.json()["message"], answer.body[:200]
+    async with FsClient(address, ring.secret) as fs:
+        assert await fs.read(literal) == b"literal"
+        assert await fs.read(replaced) == b"replaced"
+        assert await fs.read(f"{root}/moved") == b"moved"
+        names = sorted(stat.name for stat in await fs.list(root))
+        assert names == sorted([f"a{escape}", "a\ufffd", "moved"]), names
+    assert tracebacks_since(ring, ends) == []
 
 
 def test_a_name_and_its_key_form_are_one_to_one() -> None:

@@ -23,10 +23,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import commit_next_batch, materialize
 
+from ring.auth import scoped_credential
 from ring.codec import compact_json
 from ring.errors import ConfigError, DataUnavailable, Fenced, PeerUnavailable, ProtocolError
 from ring.lease import (
     DRIFT_MAX,
+    LEASE_BYTES_MAX,
     Lease,
     check_timing,
     first_lease,
@@ -37,7 +39,7 @@ from ring.lease import (
 from ring.sync_client import SyncClient
 from spark_connector.catalog import forget
 from spark_connector.checkpoint import read_cut
-from spark_connector.lease import QueryLease, lease_key, read_lease
+from spark_connector.lease import QueryLease, check_credential_fences, lease_key, read_lease
 from spark_connector.manifest import Manifest, manifest_key
 from spark_connector.pull import Puller
 from spark_connector.restore import newest_manifest
@@ -69,6 +71,14 @@ def test_a_lease_round_trips_and_malformed_values_are_refused() -> None:
         lease.encode().replace(b'"fence":1', b'"fence":true'),
         lease.encode().replace(b'"timeout_s":3.0', b'"timeout_s":1e9'),
         lease.encode().replace(b'"holder":"host-a:12"', b'"holder":"a/b"'),
+        # What ``json.loads`` alone would recurse on (RecursionError, a 500 at every
+        # fenced write naming the record), read as a number of any length, or take
+        # whole: the bounded loader refuses them.
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"format": 1, "note": ' + b'{"a": ' * 40 + b"1" + b"}" * 41,
+        lease.encode().replace(b'"fence":1', b'"fence":' + b"1" * 5000),
+        lease.encode().replace(b'"timeout_s":3.0', b'"timeout_s":NaN'),
+        lease.encode()[:-1] + b',"pad":"' + b"x" * LEASE_BYTES_MAX + b'"}',
     ):
         with pytest.raises(ProtocolError):
             parse_lease(raw)
@@ -76,6 +86,24 @@ def test_a_lease_round_trips_and_malformed_values_are_refused() -> None:
         check_timing(3.0, 1.5, 0.05)  # no room for a second try inside the validity
     with pytest.raises(ConfigError):
         check_timing(0.1, 0.01, 0.05)
+
+
+def test_an_sr3_standby_needs_a_credential_that_reaches_its_lease() -> None:
+    """The peers refuse (403) a write fenced with a lease outside the credential's
+    prefix: a standby whose session holds such a credential is refused at once, naming
+    the lease and the prefixes that reach it; /spark (``spark_conf``'s default) and
+    /spark/<query> reach ``spark/<query>/lease``, and so does the cluster secret."""
+    secret = "a-cluster-secret-of-enough-length"
+
+    def credential(prefix: str) -> str:
+        return scoped_credential(secret, prefix, expires_at=2_000_000_000, issued_at=1)
+
+    for reaching in (credential("/spark"), credential("/spark/q1"), credential("/"), secret, None):
+        check_credential_fences(reaching, "q1")
+    for prefix in ("/spark/sessions", "/spark/q10", "/other"):
+        with pytest.raises(ConfigError, match="spark/q1/lease") as refused:
+            check_credential_fences(credential(prefix), "q1")
+        assert f"scoped to {prefix}" in str(refused.value) and "/spark/q1" in str(refused.value)
 
 
 @given(

@@ -152,7 +152,7 @@ async def test_value_above_limit_is_refused(tmp_path: Path) -> None:
     assert not store.holds("big")
 
 
-def _legacy_file(key: str, version: int, value: bytes, refs: bytes, *, deleted: bool) -> bytes:
+def _legacy_file(key: str, version: object, value: bytes, refs: bytes, *, deleted: bool) -> bytes:
     meta = {
         "key": key,
         "version": version,
@@ -185,11 +185,21 @@ async def test_records_from_before_consensus_load_at_the_lowest_classic_ballot(
     assert isinstance(await reopened.prepare("old", Ballot(1, "01")), Slot)
 
 
+_DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
 @pytest.mark.parametrize(
     "damage",
-    [b"", b"SR3", b"XXXX\x00\x00\x00\x00{}", b"SR3P\xff\xff\x00\x00{", "flip value"],
-    ids=["empty", "short", "bad magic", "bad metadata", "value flipped"],
-)
+    [
+        b"", b"SR3", b"XXXX\x00\x00\x00\x00{}", b"SR3P\xff\xff\x00\x00{", "flip value",
+        # A legacy file's metadata nested past any recursion limit (was: RecursionError
+        # out of the store's open, and the peer did not start), or a version as a string.
+        b"SR3R" + struct.pack("<I", len(_DEEP)) + _DEEP,
+        "version as a string",
+    ],
+    ids=["empty", "short", "bad magic", "bad metadata", "value flipped", "legacy nested",
+         "legacy version"],
+)  # fmt: skip
 async def test_corrupt_record_file_is_quarantined_on_open(
     tmp_path: Path, damage: bytes | str
 ) -> None:
@@ -204,6 +214,8 @@ async def test_corrupt_record_file_is_quarantined_on_open(
         data = bytearray(path.read_bytes())
         data[-1] ^= 0x01
         path.write_bytes(bytes(data))
+    elif damage == "version as a string":
+        path.write_bytes(_legacy_file("victim", "1", b"precious value", b"", deleted=False))
     else:
         assert isinstance(damage, bytes)
         path.write_bytes(damage)

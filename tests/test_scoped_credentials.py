@@ -15,13 +15,18 @@ import hmac
 import json
 import random
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from urllib.parse import quote
 
 import pytest
 from support import HttpProbe
 
 from ring import api, fs_api, records_api
 from ring.auth import parse_credential, scoped_credential
-from ring.errors import ProtocolError
+from ring.client import Client
+from ring.errors import Fenced, ProtocolError
+from ring.lease import first_lease
 from spark_connector.fs_client import FsClient, FsRefused
 from sr3.local import LocalCluster
 
@@ -106,6 +111,49 @@ async def test_a_scoped_credential_reaches_only_files_under_its_prefix(
     async with FsClient(ring.ring, ring.secret) as admin:
         assert await admin.read("/elsewhere/secret.txt") == b"not yours"
         assert await admin.read(f"{prefix}/c.txt") == b"mine"
+
+
+async def test_a_scoped_credential_fences_only_with_leases_under_its_prefix(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a credential scoped to /scoped/<n> fences its writes with lease records
+    outside its prefix, one held, one a file's record (was: the peer read any record
+    the request named and answered who holds it, or whether the file exists). Must
+    hold: a fenced PUT, rename or delete naming a lease outside is 403 "forbidden" and
+    changes nothing; one naming ``scoped/<n>/lease`` (the lease under its prefix) is
+    checked against it as ever; the cluster secret may name any lease."""
+    number = rng.randrange(10**9)
+    prefix, own, other = f"/scoped/{number}", f"scoped/{number}/lease", f"spark/q{number}/lease"
+    credential = _credential(ring.secret, prefix)
+    lease = first_lease("driver-a", 30.0, time.time()).encode()
+    async with Client(ring.ring, ring.secret) as client, FsClient(ring.ring, ring.secret) as admin:
+        await client.put_record(own, lease, expected_version=0)
+        await client.put_record(other, lease, expected_version=0)
+        await admin.write(f"{prefix}/kept", b"kept")
+        await admin.write(f"{prefix}/by-admin", b"x", fence=(other, 1))
+    async with FsClient(ring.ring, credential) as fs:
+        await fs.write(f"{prefix}/commits/0", b"commit 0", fence=(own, 1))
+        with pytest.raises(Fenced):
+            await fs.write(f"{prefix}/commits/1", b"commit 1", fence=(own, 2))
+        for outside in (other, f"scoped/{number}-sibling/lease", "spark"):
+            fence = (outside, 1)
+            attempts: list[Callable[[], Awaitable[object]]] = [
+                partial(fs.write, f"{prefix}/commits/1", b"commit 1", fence=fence),
+                partial(fs.rename, f"{prefix}/kept", f"{prefix}/moved", fence=fence),
+                partial(fs.delete, f"{prefix}/kept", fence=fence),
+            ]
+            for attempt in attempts:
+                with pytest.raises(FsRefused) as refused:
+                    await attempt()
+                assert (refused.value.status, refused.value.code) == (403, "forbidden"), outside
+        assert await fs.read(f"{prefix}/kept") == b"kept"
+        assert not await fs.exists(f"{prefix}/commits/1")
+        assert not await fs.exists(f"{prefix}/moved")
+    async with HttpProbe(credential) as probe:
+        file_record = quote(fs_api.path_key("/elsewhere/secret.txt"), safe="")
+        put = fs_api.fs_path(fs_api.FS_WRITE, f"{prefix}/x") + f"?lease={file_record}&fence=1"
+        answer = await probe.signed(ring.cluster.addresses[0], "PUT", put, body=b"x")
+        assert answer.status == 400, answer.body[:200]
 
 
 async def test_expired_tampered_and_foreign_credentials_get_401(ring: LocalCluster) -> None:

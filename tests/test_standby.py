@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 
-from ring.errors import Fenced
+from ring.auth import scoped_credential
+from ring.errors import ConfigError, Fenced
+from ring.sync_client import SyncClient
 from spark_connector.lease import read_lease
-from spark_connector.standby import Standby, StandbyStatus, standbys_prefix
+from spark_connector.standby import CREDENTIAL_CONF, Standby, StandbyStatus, standbys_prefix
 from sr3.local import LocalCluster
 
 pytest_plugins = ("spark_fixtures",)
@@ -240,3 +242,37 @@ def test_a_standby_waits_while_the_holder_renews(
     finally:
         waiter.close()
         holder.close()
+
+
+def test_an_sr3_standby_whose_credential_cannot_fence_its_logs_is_refused_at_once(
+    spark: Any, ring: LocalCluster
+) -> None:
+    """Breaks: an sr3:// standby whose session's credential is scoped to /spark/sessions,
+    which does not reach the query's lease spark/<query>/lease (the peers would refuse
+    its fenced offset and commit writes with 403 after the takeover). Must hold:
+    ``take_over`` refuses with a ``ConfigError`` before it takes the lease, naming the
+    lease and a prefix that reaches it; the same standby with a /spark credential gets
+    past the check."""
+    query_name = f"standby-scope-{time.monotonic_ns() % 10**9}"
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    now = int(time.time())
+
+    def credential(prefix: str) -> str:
+        return scoped_credential(ring.secret, prefix, expires_at=now + 600, issued_at=now)
+
+    standby = Standby(
+        ring.ring, query_name, f"sr3:///spark/sessions/{query_name}", ring.secret,
+        spark=spark, holder="app-a", start=lambda: None, warm=False,
+    )  # fmt: skip
+    try:
+        hadoop.set(CREDENTIAL_CONF, credential("/spark/sessions"))
+        with pytest.raises(ConfigError, match=f"spark/{query_name}/lease") as refused:
+            standby.take_over(timeout_s=30)
+        assert f"/spark/{query_name}" in str(refused.value)
+        with SyncClient(ring.ring, ring.secret) as client:
+            assert read_lease(client, query_name) == (None, 0)
+        hadoop.set(CREDENTIAL_CONF, credential("/spark"))
+        standby.prepare()
+    finally:
+        hadoop.unset(CREDENTIAL_CONF)
+        standby.close()

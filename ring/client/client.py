@@ -364,6 +364,6 @@ def _check_key(key: str) -> None:
 
 def _parse_ref(key: str, value: bytes) -> BlobRef:
     try:
-        return BlobRef.from_json(json.loads(value))
+        return BlobRef.from_json(api.load_json(value))
     except json.JSONDecodeError as exc:
         raise ProtocolError(f"record for {key!r} is not a blob reference") from exc

@@ -102,7 +102,7 @@ def parse_seeds(ring: str | Sequence[str]) -> tuple[str, ...]:
         raise ConfigError("no ring address given (host:port of any peer)")
     for seed in cleaned:
         host, _, port = seed.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not (port.isascii() and port.isdigit()):
             raise ConfigError(f"ring address {seed!r} is not host:port")
     return cleaned
 

@@ -422,7 +422,11 @@ _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def duration_s(text: str) -> int:
     number, unit = text[:-1], text[-1:]
-    if unit not in _DURATION_UNITS or not number.isdigit() or len(number) > 9:
+    if (
+        unit not in _DURATION_UNITS
+        or not (number.isascii() and number.isdigit())
+        or len(number) > 9
+    ):
         raise click.BadParameter(f"{text!r}: a number then s, m, h or d (30d, 12h)")
     seconds = int(number) * _DURATION_UNITS[unit]
     if not 0 < seconds <= CREDENTIAL_DAYS_MAX * 86400:

@@ -34,7 +34,7 @@ def _seeds(text: str) -> tuple[str, ...]:
     seeds = tuple(filter(None, (part.strip() for part in text.split(","))))
     for seed in seeds:
         host, _, port = seed.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not (port.isascii() and port.isdigit()):
             raise ConfigError(f"seed {seed!r} is not HOST:PORT")
     return seeds
 
@@ -207,7 +207,7 @@ def peer(
     if len(secret) < SECRET_CHARS_MIN:
         raise ConfigError(f"a cluster secret of at least {SECRET_CHARS_MIN} characters is required")
     host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not (port.isascii() and port.isdigit()):
         raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
     if write_quorum > replication:
         raise ConfigError("--write-quorum cannot exceed --replication")
