@@ -30,7 +30,13 @@ def ring_queries(client: SyncClient, query: str | None = None) -> dict[str, list
     found: dict[str, list[int]] = {}
     for key in client.list_records(prefix):
         parts = key.split("/")
-        if len(parts) == 4 and parts[0] == "spark" and parts[2] == "batches" and parts[3].isdigit():
+        if (
+            len(parts) == 4
+            and parts[0] == "spark"
+            and parts[2] == "batches"
+            and parts[3].isascii()
+            and parts[3].isdigit()
+        ):
             found.setdefault(parts[1], []).append(int(parts[3]))
     return {name: sorted(batches) for name, batches in sorted(found.items())}
 

@@ -108,7 +108,7 @@ def _scan_above(
         if name[0] == "." or name.endswith(".tmp"):
             continue
         version, dot, _kind = name.partition(".")
-        if dot and version.isdigit():
+        if dot and version.isascii() and version.isdigit():
             if len(version) > len(least) or (len(version) == len(least) and version >= least):
                 paths.append((f"{relative}/{name}", None))
             continue

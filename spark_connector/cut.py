@@ -286,7 +286,7 @@ def _source_files(visible: Sequence[FileEntry], ends: Mapping[int, int]) -> list
     by_source: dict[int, dict[int, tuple[FileEntry, bool]]] = {}
     for entry in files:
         parts = entry.path.split("/")
-        if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) in ends:
+        if len(parts) == 3 and _BATCH_NAME.fullmatch(parts[1]) and int(parts[1]) in ends:
             match = _SOURCE_LOG_NAME.match(parts[2])
             if match is not None:
                 log_entries = by_source.setdefault(int(parts[1]), {})

@@ -50,7 +50,9 @@ def fs_path_of(uri_or_path: str) -> str:
 
 
 def _batch_numbers(entries: list[Stat]) -> list[int]:
-    return sorted(int(e.name) for e in entries if e.type == "file" and e.name.isdigit())
+    return sorted(
+        int(e.name) for e in entries if e.type == "file" and e.name.isascii() and e.name.isdigit()
+    )
 
 
 async def _latest(fs: FsClient, directory: str) -> int | None:

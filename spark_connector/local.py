@@ -117,7 +117,7 @@ def _committed_files(local: LocalCheckpoint) -> Sequence[FileEntry]:
     entries = []
     for entry in list_checkpoint(local.path):
         parts = entry.path.split("/")
-        is_log = len(parts) == 2 and parts[0] in _LOGS and parts[1].isdigit()
+        is_log = len(parts) == 2 and parts[0] in _LOGS and parts[1].isascii() and parts[1].isdigit()
         if is_log and int(parts[1]) <= newest:
             entries.append(entry)
     return entries

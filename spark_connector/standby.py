@@ -405,7 +405,7 @@ class Standby:
         if not fs.exists(path):
             return
         names = [status.getPath().getName() for status in fs.listStatus(path)]
-        batches = [int(name) for name in names if name.isdigit()]
+        batches = [int(name) for name in names if name.isascii() and name.isdigit()]
         if batches:
             self._seen_batch = max(batches)
 

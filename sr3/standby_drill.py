@@ -487,6 +487,10 @@ def _compare_files(output_dir: Path, reference_dir: Path) -> _Comparison:
     )  # fmt: skip
 
 
+def _is_batch_name(name: str) -> bool:
+    return name.isascii() and name.isdigit()
+
+
 def committed_parquet_files(output_dir: Path) -> list[Path]:
     """The files Spark's file sink committed in ``output_dir``: those its metadata log
     (``_spark_metadata/<batch>`` and ``<batch>.compact`` files: a version line, then one
@@ -494,7 +498,7 @@ def committed_parquet_files(output_dir: Path) -> list[Path]:
     log_dir = output_dir / "_spark_metadata"
     if not log_dir.is_dir():
         raise SR3Error(f"{output_dir} holds no file sink log (_spark_metadata)")
-    batches = [p for p in log_dir.iterdir() if p.name.removesuffix(".compact").isdigit()]
+    batches = [p for p in log_dir.iterdir() if _is_batch_name(p.name.removesuffix(".compact"))]
     added: set[str] = set()
     deleted: set[str] = set()
     for path in sorted(batches, key=lambda p: int(p.name.removesuffix(".compact"))):
