@@ -225,3 +225,15 @@ def test_forget_deletes_a_query_s_plans(ring: LocalCluster) -> None:
         assert forget(client, query_name, keep=0) == []
         assert client.list_records(plans_prefix(query_name)) == {}
         assert delete_plans(client, query_name) == []
+
+
+def test_only_ascii_digits_name_a_batch() -> None:
+    """Breaks: an sr3:// commit log holding names of digits of another kind (superscript
+    two, which ``int()`` refuses; Arabic-Indic five, which it reads as 5). Must hold: the
+    batches listed are those named with ASCII digits."""
+    from ring.fs_api import Stat
+    from spark_connector.fs_checkpoints import _batch_numbers
+
+    names = ("\u00b2", "\u0665", "7", "12", "7.tmp")
+    entries = [Stat(f"/spark/q/commits/{name}", "file", 1, 0, 1) for name in names]
+    assert _batch_numbers(entries) == [7, 12]
