@@ -311,7 +311,7 @@ def test_the_image_health_check_follows_the_peer_it_runs_with_or_without_tls(
     HEALTHCHECK command, with the container's environment, fails while no peer answers
     and passes once the peer is ready, whether the peer serves plain HTTP, HTTPS, or
     HTTPS requiring client certificates (as on Kubernetes)."""
-    port = pick_port(["127.0.0.1"], 7950)
+    port = pick_port(["0.0.0.0"], 7950)  # free on every address: the peer binds them all
     env = {
         "SR3_PEER_ID": "peer-alone",
         "SR3_LISTEN": f"0.0.0.0:{port}",
