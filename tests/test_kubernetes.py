@@ -440,6 +440,7 @@ def _spark_command(
     return [pods.mapped(part, "") for part in command]
 
 
+@pytest.mark.slow
 def test_the_spark_example_driver_checkpoints_its_query_to_the_statefulsets_ring(
     statefulset: Pods, tmp_path: Path
 ) -> None:
