@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import in_own_hosts, require_names_apart, stop_processes
+from support import in_own_hosts, next_base_port, require_names_apart, stop_processes
 
 from ring.client import Client
 from ring.errors import ConfigError
@@ -289,6 +289,25 @@ def test_a_peer_bound_to_every_address_runs_its_overlay_at_the_advertised_one(
         assert process.wait(timeout=15) == 0, (tmp_path / "peer.log").read_text()
 
 
+PORT_TRIES_MAX = 200
+
+
+def _port_free_everywhere() -> int:
+    """A port that no process holds on any address, for TCP (the API) and UDP (the
+    overlay): a peer listening on 0.0.0.0 binds both on every address. From this run's
+    own stretch of ports (other suites share the machine)."""
+    base = next_base_port()
+    for port in range(base, base + PORT_TRIES_MAX):
+        try:
+            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                with socket.socket(socket.AF_INET, kind) as probe:
+                    probe.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return port
+    raise AssertionError(f"no port free everywhere in {base}..{base + PORT_TRIES_MAX}")
+
+
 def _start_peer(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """``sr3 peer`` as the image's ENTRYPOINT runs it, with ``env`` (the container's)."""
     log = open(tmp_path / "peer.log", "ab")  # noqa: SIM115
@@ -311,7 +330,7 @@ def test_the_image_health_check_follows_the_peer_it_runs_with_or_without_tls(
     HEALTHCHECK command, with the container's environment, fails while no peer answers
     and passes once the peer is ready, whether the peer serves plain HTTP, HTTPS, or
     HTTPS requiring client certificates (as on Kubernetes)."""
-    port = pick_port(["0.0.0.0"], 7950)  # free on every address: the peer binds them all
+    port = _port_free_everywhere()
     env = {
         "SR3_PEER_ID": "peer-alone",
         "SR3_LISTEN": f"0.0.0.0:{port}",
@@ -379,7 +398,7 @@ def test_the_tls_service_adds_names_to_the_certificate_on_a_later_up(tmp_path: P
     _make_tls(tls)
     assert cert.read_bytes() == first, "re-issued with nothing to add"
 
-    port = pick_port(["127.0.0.1"], 7970)
+    port = _port_free_everywhere()
     peer1 = _compose()["services"]["peer1"]["environment"]
     env = {k: _interpolate(str(v)).replace("/tls/", f"{tls}/") for k, v in peer1.items()}
     env |= {
