@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -42,7 +43,6 @@ from spark_connector.jar import fs_jar
 from sr3.certs import init_ca, issue
 from sr3.cli.peer import peer as peer_command
 from sr3.cluster_app import spark_home
-from sr3.local import pick_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -261,9 +261,27 @@ def _lay_out(tmp_path: Path, replicas: int) -> Pods:
     issue(tls, tls, "peers", [f"*.{domain}", f"sr3.{NAMESPACE}.svc.cluster.local", "127.0.0.1"])
     issue(tls, tls, "client", ["sr3-client"])
     secret = "kubernetes-test-secret-0123456789"
-    # A port free on every pod's address (other suites may run peers on this machine).
-    port = pick_port(list(ips.values()), next_base_port())
+    port = _port_free_on(list(ips.values()))
     return Pods(hosts_file, tls, port, ips, secret, str(Path(sys.executable).parent))
+
+
+PORT_TRIES_MAX = 200
+
+
+def _port_free_on(addresses: list[str]) -> int:
+    """A port free on every pod's address for TCP (the API) and UDP (the overlay), from
+    this run's own stretch of ports (other suites may run peers on this machine)."""
+    base = next_base_port()
+    for port in range(base, base + PORT_TRIES_MAX):
+        try:
+            for address in addresses:
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                    with socket.socket(socket.AF_INET, kind) as probe:
+                        probe.bind((address, port))
+        except OSError:
+            continue
+        return port
+    raise AssertionError(f"no port free on {addresses} in {base}..{base + PORT_TRIES_MAX}")
 
 
 def _zone(pod: str) -> str:
