@@ -10,9 +10,12 @@ COPY recovery ./recovery
 COPY filesystem ./filesystem
 COPY spark_connector ./spark_connector
 RUN pip install --no-cache-dir . && useradd --system --uid 7401 sr3 && mkdir /data && chown sr3 /data
+COPY deploy/healthcheck.py ./healthcheck.py
 USER sr3
 VOLUME ["/data"]
 EXPOSE 7401/tcp 7401/udp
-HEALTHCHECK --interval=5s --timeout=2s --retries=6 \
-  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7401/v1/health', timeout=1)"
+# Healthy once the peer has learned the member table ("ready"), not merely up; over HTTPS
+# when the peer serves TLS (SR3_TLS_CERT), at the port of SR3_LISTEN: the check reads the
+# peer's own configuration, so it holds with or without docker-compose.yml.
+HEALTHCHECK --interval=5s --timeout=2s --retries=6 CMD ["python", "/opt/sr3/healthcheck.py"]
 ENTRYPOINT ["sr3", "peer"]

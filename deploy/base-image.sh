@@ -3,7 +3,7 @@
 # reach no image registry (the Dockerfile's default base, python:3.11-slim, comes from one).
 #
 #   sudo deploy/base-image.sh [TAG]           (default sr3-base:bookworm)
-#   echo SR3_BASE_IMAGE=sr3-base:bookworm >> .env && docker compose up -d --build
+#   echo SR3_BASE_IMAGE=sr3-base:bookworm >> .env && docker-compose up -d --build
 #
 # Needs root, debootstrap and a running Docker engine. The image has Debian's Python 3.11
 # with pip usable for `pip install .` (no PEP 668 marker: the image is one application's),

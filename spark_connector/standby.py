@@ -60,6 +60,7 @@ from ring.errors import (
 )
 from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, Lease
 from ring.sync_client import SyncClient
+from spark_connector.conf import CONF_CREDENTIAL, HADOOP_PREFIX
 from spark_connector.fs_checkpoints import SCHEME, fs_path_of
 from spark_connector.fs_client import FsClient
 from spark_connector.lease import LeaseState, QueryLease, check_credential_fences
@@ -90,8 +91,9 @@ WARM_EVERY_S = 10.0
 WARM_S_MAX = 120.0
 # The JVM counts a fence valid this much less than the Python side does (py4j's call).
 FENCE_MARGIN_MS = 50
-# The Hadoop conf the Java FileSystem takes its credential from (``spark.hadoop.`` + it).
-CREDENTIAL_CONF = "fs.sr3.credential"
+# The Hadoop confs the Java FileSystem takes its credential from (``spark.hadoop.`` +
+# them): the name Spark redacts, then the former one it still reads.
+CREDENTIAL_CONFS = (CONF_CREDENTIAL.removeprefix(HADOOP_PREFIX), "fs.sr3.credential")
 
 BEHIND_BATCHES = Gauge(
     "sr3_standby_behind_batches", "Batches the standby is behind the active side.", ["query"]
@@ -289,8 +291,12 @@ class Standby:
         spark = self._session()
         if spark is None:
             return
-        credential = spark.sparkContext._jsc.hadoopConfiguration().get(CREDENTIAL_CONF)
-        check_credential_fences(None if credential is None else str(credential), self.query)
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        credential = next(
+            (str(value) for name in CREDENTIAL_CONFS if (value := hadoop.get(name)) is not None),
+            None,
+        )
+        check_credential_fences(credential, self.query)
 
     def _warm_spark(self) -> None:
         """Run a tiny streaming query of the same kind (stateful, ``foreachBatch``, the

@@ -10,7 +10,9 @@ files with the standard library.
 
 Files: ``<name>.pem`` (the certificate, then the CA's: a full chain) and ``<name>.key``
 (mode 0600). Renewing is issuing again over the same files: a peer loads the new ones
-within ``ring.tls.CERT_CHECK_INTERVAL_S`` without a restart.
+within ``ring.tls.CERT_CHECK_INTERVAL_S`` without a restart. ``names_missing`` says
+which names a certificate lacks, so a deployment re-issues it only when a name is added
+(docker-compose.yml's ``tls`` service).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "Issued",
     "init_ca",
     "issue",
+    "names_missing",
 ]
 
 CA_DAYS_DEFAULT = 3650
@@ -233,3 +236,37 @@ def issue(
     _write(issued.key, _key_pem(key), 0o600)
     _write(issued.cert, pem, 0o644)
     return issued
+
+
+def _covers(pattern: str, name: str) -> bool:
+    """Whether a certificate's DNS name covers ``name`` (a wildcard: one leftmost label)."""
+    pattern, name = pattern.lower(), name.lower()
+    if pattern.startswith("*."):
+        head, _, rest = name.partition(".")
+        return bool(head) and rest == pattern[2:]
+    return pattern == name
+
+
+def names_missing(cert_file: Path, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` (host names and IPs, as ``issue`` takes them) that the
+    certificate in ``cert_file`` does not name, in the order given: IPs compared as
+    addresses, host names without regard to case."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the certificate {cert_file}: {exc}") from exc
+    try:
+        alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return list(dict.fromkeys(names))
+    addresses = set(alt.get_values_for_type(x509.IPAddress))
+    patterns = alt.get_values_for_type(x509.DNSName)
+    missing = []
+    for name in dict.fromkeys(names):
+        try:
+            named = ipaddress.ip_address(name) in addresses
+        except ValueError:
+            named = any(_covers(pattern, name) for pattern in patterns)
+        if not named:
+            missing.append(name)
+    return missing

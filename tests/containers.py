@@ -35,6 +35,7 @@ PROJECT_FILES = (
     "Dockerfile",
     "docker-compose.yml",
     ".dockerignore",
+    "deploy",
     "pyproject.toml",
     "README.md",
     "sr3",
@@ -273,6 +274,15 @@ class ComposeProject:
         return self.compose(
             "run", "--rm", "--no-deps", *options, "--entrypoint", command[0], service, *command[1:]
         )
+
+    def volumes(self) -> set[str]:
+        """Names of every volume the engine holds (the project's and any other)."""
+        return set(run([self.engine.docker, "volume", "ls", "-q"]).stdout.split())
+
+    def set_env(self, **values: str) -> None:
+        """Add ``values`` to the project's ``.env`` (taken by the next ``up``)."""
+        with (self.directory / ".env").open("a") as env:
+            env.writelines(f"{key}={value}\n" for key, value in values.items())
 
     def down(self) -> None:
         """Remove the containers, the network and the volumes (every byte of the ring)."""

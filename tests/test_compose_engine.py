@@ -3,8 +3,10 @@ checkout (on a base image from Debian's archive), five peer containers with TLS,
 clients on the compose network and on the host.
 
 What it breaks: two peers stopped, every container restarted, the whole ring taken down
-and brought up again on its volumes; and a Spark application on the host (executors on
-``local-cluster``) that checkpoints to the compose ring through the published ports.
+and brought up again on its volumes (leaving no anonymous volume behind); a Spark
+application on the host (executors on ``local-cluster``) that checkpoints to the compose
+ring through the published ports; the image run alone with TLS, healthy by its own
+HEALTHCHECK; and a name added to the peers' certificate after the first ``up``.
 Slow (an image build the first time); ``make test-containers`` runs it, CI too
 (``SR3_REQUIRE_CONTAINERS=1``: there a missing engine fails it instead of skipping it).
 """
@@ -16,6 +18,7 @@ import os
 import random
 import secrets
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Iterator
@@ -63,6 +66,10 @@ def _ports_free() -> list[int]:
     return busy
 
 
+# The engine's volumes before the ring's first `up` (an engine may hold others').
+volumes_before_up: set[str] = set()
+
+
 @pytest.fixture(scope="module")
 def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeProject]:
     """The compose deployment, up and healthy (``docker compose up -d``), taken down with
@@ -81,6 +88,7 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeProject]:
             engine, work / "project", name, secrets.token_urlsafe(32), base
         )
         project.build()
+        volumes_before_up.update(project.volumes())
         start = time.monotonic()
         project.compose("up", "-d")
         project.wait_healthy(PEERS, HEALTHY_S_MAX)
@@ -172,6 +180,9 @@ def test_the_compose_ring_serves_the_host_and_its_network_through_stops_and_rest
     _read_back_everywhere(ring, exchange, files)
 
     ring.compose("down", timeout_s=300)  # containers and network gone; volumes kept
+    # Nothing but the peers' named volumes: no anonymous one (the tls service's /data).
+    named = {f"{ring.name}_{peer}-data" for peer in PEERS}
+    assert ring.volumes() - volumes_before_up == named
     ring.compose("up", "-d")
     ring.wait_healthy(PEERS, HEALTHY_S_MAX)
     _read_back_everywhere(ring, exchange, files)
@@ -203,3 +214,75 @@ def test_spark_on_the_host_checkpoints_to_the_compose_ring(
     assert result.output == result.reference_output
     assert result.state == result.reference_state
     assert not result.executor_env_has_secret
+
+
+def _container_state(project: ComposeProject, container: str) -> tuple[str, str]:
+    """A container's state ('running', 'exited', ...) and its health."""
+    fmt = "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}"
+    state, _, health = (
+        run([project.engine.docker, "inspect", "--format", fmt, container])
+        .stdout.strip()
+        .partition(" ")
+    )
+    return state, health
+
+
+def test_the_image_run_alone_with_tls_and_client_certificates_turns_healthy(
+    ring: ComposeProject,
+) -> None:
+    """Breaks: nothing; the project's image run without the compose file (``docker
+    run``), as one peer serving HTTPS that requires client certificates, on a port of
+    its own. Must hold: the image's own HEALTHCHECK reports it healthy."""
+    name = f"{ring.name}-alone"
+    tls = ring.directory / "tls"
+    run(
+        [
+            ring.engine.docker, "run", "-d", "--name", name, "--network", "none",
+            "--tmpfs", "/data:uid=7401", "-v", f"{tls}:/tls:ro",
+            "-e", "SR3_PEER_ID=alone", "-e", "SR3_LISTEN=0.0.0.0:7499",
+            "-e", "SR3_ADVERTISE=127.0.0.1:7499", "-e", "SR3_DATA=/data",
+            "-e", f"SR3_SECRET={ring.secret}", "-e", "SR3_TLS_CERT=/tls/peers.pem",
+            "-e", "SR3_TLS_KEY=/tls/peers.key", "-e", "SR3_TLS_CA=/tls/ca.pem",
+            "-e", "SR3_TLS_CLIENT_CERTS=true", "sr3-peer:latest",
+        ]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + HEALTHY_S_MAX
+        while (state := _container_state(ring, name)) != ("running", "healthy"):
+            if time.monotonic() > deadline or state[0] != "running":
+                logs = run([ring.engine.docker, "logs", "--tail", "30", name], check=False)
+                health = run(
+                    [ring.engine.docker, "inspect", "--format", "{{json .State.Health}}", name]
+                )
+                raise AssertionError(f"{state}: {health.stdout}\n{logs.stdout}{logs.stderr}")
+            time.sleep(1.0)
+    finally:
+        run([ring.engine.docker, "rm", "-f", "-v", name], check=False)
+
+
+def test_a_name_added_after_the_first_up_reaches_the_peers_certificate(
+    ring: ComposeProject,
+) -> None:
+    """Breaks: a name added to ``.env`` (SR3_TLS_EXTRA_NAMES) after the ring's first
+    ``up``. Must hold: ``docker-compose up -d`` re-issues the peers' certificate from the
+    same CA with the name, the peers turn healthy, and a client on the host that reaches
+    a published port by that name accepts the certificate (host name checked)."""
+    tls = ring.directory / "tls"
+    ca_before = (tls / "ca.pem").read_bytes()
+    ring.set_env(SR3_TLS_EXTRA_NAMES="sr3-added.example.net")
+    ring.compose("up", "-d", timeout_s=300)
+    ring.wait_healthy(PEERS, HEALTHY_S_MAX)
+    assert (tls / "ca.pem").read_bytes() == ca_before
+    context = ssl.create_default_context(cafile=str(tls / "ca.pem"))
+    deadline = time.monotonic() + HEALTHY_S_MAX
+    for port in PUBLISHED_PORTS:
+        while True:
+            try:
+                with (
+                    socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+                    context.wrap_socket(raw, server_hostname="sr3-added.example.net"),
+                ):
+                    break
+            except OSError as exc:
+                assert time.monotonic() < deadline, f"127.0.0.1:{port}: {exc}"
+                time.sleep(1.0)

@@ -25,7 +25,7 @@ from ring.auth import scoped_credential
 from ring.errors import ConfigError, Fenced
 from ring.sync_client import SyncClient
 from spark_connector.lease import read_lease
-from spark_connector.standby import CREDENTIAL_CONF, Standby, StandbyStatus, standbys_prefix
+from spark_connector.standby import CREDENTIAL_CONFS, Standby, StandbyStatus, standbys_prefix
 from sr3.local import LocalCluster
 
 pytest_plugins = ("spark_fixtures",)
@@ -265,14 +265,18 @@ def test_an_sr3_standby_whose_credential_cannot_fence_its_logs_is_refused_at_onc
         spark=spark, holder="app-a", start=lambda: None, warm=False,
     )  # fmt: skip
     try:
-        hadoop.set(CREDENTIAL_CONF, credential("/spark/sessions"))
-        with pytest.raises(ConfigError, match=f"spark/{query_name}/lease") as refused:
-            standby.take_over(timeout_s=30)
-        assert f"/spark/{query_name}" in str(refused.value)
+        # The name spark_conf() gives (Spark redacts it), then the former one.
+        for name in CREDENTIAL_CONFS:
+            hadoop.set(name, credential("/spark/sessions"))
+            with pytest.raises(ConfigError, match=f"spark/{query_name}/lease") as refused:
+                standby.take_over(timeout_s=30)
+            assert f"/spark/{query_name}" in str(refused.value)
+            hadoop.unset(name)
         with SyncClient(ring.ring, ring.secret) as client:
             assert read_lease(client, query_name) == (None, 0)
-        hadoop.set(CREDENTIAL_CONF, credential("/spark"))
+        hadoop.set(CREDENTIAL_CONFS[0], credential("/spark"))
         standby.prepare()
     finally:
-        hadoop.unset(CREDENTIAL_CONF)
+        for name in CREDENTIAL_CONFS:
+            hadoop.unset(name)
         standby.close()
