@@ -30,6 +30,9 @@ __all__ = [
     "Manifest",
     "ManifestFile",
     "check_query_name",
+    "optional_fence",
+    "optional_text",
+    "optional_time",
     "format_wall",
     "manifest_key",
     "manifests_prefix",
@@ -156,16 +159,16 @@ class Manifest:
                 int(data["state_version"]),
                 str(data["root"]),
                 files,
-                pushed_at=_optional_time(data.get("pushed_at")),
-                host=_optional_text(data.get("host"), HOST_CHARS_MAX),
-                query_id=_optional_text(data.get("query_id"), QUERY_ID_CHARS_MAX),
-                fence=_optional_fence(data.get("fence")),
+                pushed_at=optional_time(data.get("pushed_at")),
+                host=optional_text(data.get("host"), HOST_CHARS_MAX),
+                query_id=optional_text(data.get("query_id"), QUERY_ID_CHARS_MAX),
+                fence=optional_fence(data.get("fence")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed manifest: {exc!r}") from exc
 
 
-def _optional_fence(value: Any) -> int | None:
+def optional_fence(value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= FENCE_MAX:
@@ -178,7 +181,7 @@ def format_wall(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
-def _optional_time(value: Any) -> float | None:
+def optional_time(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -190,7 +193,7 @@ def _optional_time(value: Any) -> float | None:
     return seconds
 
 
-def _optional_text(value: Any, chars_max: int) -> str | None:
+def optional_text(value: Any, chars_max: int) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > chars_max:

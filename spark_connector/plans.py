@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -50,11 +49,20 @@ from ring.client.options import Source
 from ring.codec import compact_json
 from ring.errors import ConfigError, Fenced, ProtocolError, RecordConflict, SR3Error
 from ring.files import fsync_dir
-from ring.lease import FENCE_MAX
 from ring.sync_client import SyncClient
 from spark_connector.catalog import delete_plans
 from spark_connector.checkpoint import list_checkpoint, read_query_id
-from spark_connector.manifest import ManifestFile, check_query_name, plan_key
+from spark_connector.manifest import (
+    HOST_CHARS_MAX,
+    QUERY_ID_CHARS_MAX,
+    ManifestFile,
+    check_query_name,
+    format_wall,
+    optional_fence,
+    optional_text,
+    optional_time,
+    plan_key,
+)
 from spark_connector.restore import fetch_files
 
 __all__ = ["PLAN_FORMAT", "PlacedPlan", "Plan", "PlanWriter", "place_plan", "read_plan"]
@@ -65,8 +73,6 @@ PLAN_FORMAT = 1
 # A plan names at most this many files (a file source's log between two batches is one
 # file, or a compaction of up to ten; other sources keep a few).
 PLAN_FILES_MAX = 10_000
-HOST_CHARS_MAX = 255
-QUERY_ID_CHARS_MAX = 128
 # The paths a plan may name, relative to the checkpoint: what fixes a batch's input.
 _PLAN_PATH = re.compile(r"^(metadata|offsets/[0-9]{1,18}|sources(/[^/\x00]{1,255}){1,16})$")
 
@@ -133,10 +139,10 @@ class Plan:
                 _batch_id(data["batch_id"]),
                 str(data["root"]),
                 files,
-                planned_at=_optional_time(data.get("planned_at")),
-                host=_optional_text(data.get("host"), HOST_CHARS_MAX),
-                query_id=_optional_text(data.get("query_id"), QUERY_ID_CHARS_MAX),
-                fence=_optional_fence(data.get("fence")),
+                planned_at=optional_time(data.get("planned_at")),
+                host=optional_text(data.get("host"), HOST_CHARS_MAX),
+                query_id=optional_text(data.get("query_id"), QUERY_ID_CHARS_MAX),
+                fence=optional_fence(data.get("fence")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed plan: {exc!r:.200}") from exc
@@ -148,33 +154,6 @@ class Plan:
 def _batch_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 10**18:
         raise ValueError(f"a batch id is an integer in 0..10^18: {value!r:.40}")
-    return value
-
-
-def _optional_fence(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= FENCE_MAX:
-        raise ValueError(f"a plan's fence is an integer in 1..{FENCE_MAX}")
-    return value
-
-
-def _optional_time(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"planned_at is not a number: {value!r:.40}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or not 0 <= seconds < 2**40:
-        raise ValueError(f"planned_at out of range: {value!r:.40}")
-    return seconds
-
-
-def _optional_text(value: Any, chars_max: int) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > chars_max:
-        raise ValueError(f"not a string of at most {chars_max} characters: {value!r:.80}")
     return value
 
 
@@ -371,8 +350,7 @@ def place_plan(
     log.info(
         "sr3 laid down the plan of batch %d of query %s (planned at %s on %s, fence %s): "
         "%d files; the batch runs with its offsets", batch_id, query,
-        "an unknown time" if plan.planned_at is None
-        else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(plan.planned_at)),
+        "an unknown time" if plan.planned_at is None else format_wall(plan.planned_at),
         plan.host or "an unknown host", plan.fence, len(plan.files),
     )  # fmt: skip
     return PlacedPlan(plan, len(plan.files))

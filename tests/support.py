@@ -256,6 +256,18 @@ async def acceptors_of(probe: HttpProbe, address: str, key: str) -> tuple[str, .
     return tuple(m.peer_id for m in ring.preference_list(key, group))
 
 
+def wait_until(
+    condition: Callable[[], bool], what: str, timeout_s: float, poll_s: float = 0.05
+) -> None:
+    """Poll ``condition`` until it holds; ``AssertionError`` naming ``what`` once
+    ``timeout_s`` passed first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        time.sleep(poll_s)
+
+
 def peer_address(cluster: LocalCluster, peer_id: str) -> str:
     return cluster.peer(peer_id).address
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from ring.blobs import BlobRef
 from ring.errors import ProtocolError
@@ -35,14 +35,6 @@ pytest_plugins = ("spark_fixtures",)
 
 WAIT_S = 120.0
 Rows = dict[int, list[tuple[str, str]]]
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def write_rows(directory: Path, index: int, count: int) -> None:
@@ -100,9 +92,9 @@ def test_a_batch_resumed_elsewhere_runs_with_the_dead_driver_s_input(
     sync = StateSync(ring.ring, query_name, first_dir, ring.secret)
     try:
         query = sync.start_query(writer(spark, input_dir, first, fail_at=1), spark)
-        wait_for(lambda: 0 in first, "batch 0")
+        wait_until(lambda: 0 in first, "batch 0", WAIT_S)
         write_rows(input_dir, 1, 5)
-        wait_for(lambda: not query.isActive, "the query to die in batch 1")
+        wait_until(lambda: not query.isActive, "the query to die in batch 1", WAIT_S)
         assert query.exception() is not None and 1 in first
         # Batch 1 was planned and began (its sink ran): its offsets are on disk, its
         # commit is not; batch 0 was pushed before batch 1 was planned.
@@ -129,7 +121,7 @@ def test_a_batch_resumed_elsewhere_runs_with_the_dead_driver_s_input(
             ring, plan, "offsets/1", tmp_path / "plan-offsets"
         )
         query = resumer.start_query(writer(spark, input_dir, second), spark)
-        wait_for(lambda: 2 in second, "batch 2 on the new driver")
+        wait_until(lambda: 2 in second, "batch 2 on the new driver", WAIT_S)
         query.stop()
     finally:
         resumer.close()
@@ -163,11 +155,11 @@ def test_a_driver_whose_plan_is_refused_never_runs_the_batch(
         sync = StateSync(ring.ring, query_name, checkpoint, ring.secret, lease=lease)
         try:
             query = sync.start_query(writer(spark, input_dir, output), spark)
-            wait_for(lambda: 0 in output and sync.pushed_batch == 0, "batch 0 pushed")
+            wait_until(lambda: 0 in output and sync.pushed_batch == 0, "batch 0 pushed", WAIT_S)
             # Another application takes the lease over (a partition: this one is alive).
             _steal(client, lease)
             write_rows(input_dir, 1, 3)
-            wait_for(lambda: not query.isActive, "the query to stop, fenced")
+            wait_until(lambda: not query.isActive, "the query to stop, fenced", WAIT_S)
             error = query.exception()
             assert error is not None and "fenced" in str(error).lower(), error
         finally:

@@ -20,11 +20,10 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import MakeCluster, chunk_holders
+from support import MakeCluster, chunk_holders, wait_until
 
 from ring.blobs import BlobRef
 from ring.client import client as client_module
@@ -38,14 +37,6 @@ GC_FLAGS = ["--scrub-rate", "0", "--repair-interval", "3600",
             "--gc-interval", "0.3", "--gc-grace", str(GRACE_S)]  # fmt: skip
 WAIT_S_MAX = 60.0
 POLL_S = 0.2
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S_MAX
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S_MAX:.0f} s: {what}")
-        time.sleep(POLL_S)
 
 
 def held_anywhere(cluster: LocalCluster, chunk_ids: list[str]) -> set[str]:
@@ -163,7 +154,12 @@ def test_what_the_public_api_stores_outlives_the_grace_and_unnamed_chunks_do_not
         return ids, [e.chunk_id for e in orphan.extents], [e.chunk_id for e in gone.extents]
 
     kept_ids, orphan_ids, doomed_ids = asyncio.run(store())
-    wait_until(lambda: not held_anywhere(cluster, orphan_ids), "unnamed chunks collected")
+    wait_until(
+        lambda: not held_anywhere(cluster, orphan_ids),
+        "unnamed chunks collected",
+        WAIT_S_MAX,
+        POLL_S,
+    )
     time.sleep(2 * GRACE_S)
     with SyncClient(cluster.ring, cluster.secret) as client:
         client.get_file("kept/file", tmp_path / "restored.bin")
@@ -172,7 +168,12 @@ def test_what_the_public_api_stores_outlives_the_grace_and_unnamed_chunks_do_not
         assert client.get_bytes("deleted/bytes") == doomed
         client.delete_file("deleted/bytes")
     assert held_anywhere(cluster, kept_ids) == set(kept_ids)
-    wait_until(lambda: not held_anywhere(cluster, doomed_ids), "a deleted file's chunks")
+    wait_until(
+        lambda: not held_anywhere(cluster, doomed_ids),
+        "a deleted file's chunks",
+        WAIT_S_MAX,
+        POLL_S,
+    )
     with SyncClient(cluster.ring, cluster.secret) as client:
         assert client.get_bytes("kept/bytes") == data
         assert sorted(client.list_files()) == ["kept/bytes", "kept/file"]
@@ -196,7 +197,7 @@ def test_an_upload_that_outlasts_the_grace_is_stored_again_once_named(
         def gone() -> bool:
             return not held_anywhere(cluster, ids)
 
-        await asyncio.to_thread(wait_until, gone, "unnamed chunks collected")
+        await asyncio.to_thread(wait_until, gone, "unnamed chunks collected", WAIT_S_MAX, POLL_S)
         collected.extend(ids)
         return await name(self, key, ref)
 

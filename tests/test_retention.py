@@ -22,7 +22,6 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ from support import (
     commit_next_batch,
     materialize,
     peer_address,
+    wait_until,
 )
 
 from recovery.executor import recover
@@ -56,14 +56,6 @@ pytestmark = pytest.mark.slow
 QUIET = ["--scrub-rate", "0", "--repair-interval", "3600"]
 POLL_S = 0.2
 WAIT_S_MAX = 60.0
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S_MAX) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(POLL_S)
 
 
 def held_anywhere(cluster: LocalCluster, chunk_ids: list[str]) -> set[str]:
@@ -187,7 +179,12 @@ def test_unreferenced_chunks_are_collected_after_the_grace_and_never_while_a_pee
     time.sleep(1.5)
     if time.monotonic() - stored_at < grace_s - 1.0:
         assert held_anywhere(cluster, orphan_ids) == set(orphan_ids), "collected within grace"
-    wait_until(lambda: not held_anywhere(cluster, orphan_ids), "orphan chunks collected")
+    wait_until(
+        lambda: not held_anywhere(cluster, orphan_ids),
+        "orphan chunks collected",
+        WAIT_S_MAX,
+        POLL_S,
+    )
     assert all(len(chunk_holders(cluster, c)) >= 2 for c in kept_ids), "a referenced chunk went"
 
     # A peer is down: nothing is collected, however long the chunks stay unreferenced.
@@ -214,7 +211,12 @@ def test_unreferenced_chunks_are_collected_after_the_grace_and_never_while_a_pee
 
     assert all(reason for reason in asyncio.run(skipped_reasons()))
     cluster.start(down)
-    wait_until(lambda: not held_anywhere(cluster, more_ids), "collected once all are up")
+    wait_until(
+        lambda: not held_anywhere(cluster, more_ids),
+        "collected once all are up",
+        WAIT_S_MAX,
+        POLL_S,
+    )
     assert all(chunk_holders(cluster, c) for c in kept_ids)
 
 
@@ -247,7 +249,10 @@ def test_restore_that_read_its_manifest_before_the_delete_completes(
         asyncio.run(fetch())
         assert sorted(got) == manifest.chunk_ids()
         wait_until(
-            lambda: not held_anywhere(cluster, manifest.chunk_ids()), "forgotten chunks collected"
+            lambda: not held_anywhere(cluster, manifest.chunk_ids()),
+            "forgotten chunks collected",
+            WAIT_S_MAX,
+            POLL_S,
         )
     finally:
         sync.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from ring.auth import scoped_credential
 from ring.errors import ConfigError, Fenced
@@ -35,14 +36,6 @@ RENEW_S = 0.2
 WAIT_S = 120.0
 
 Rows = dict[int, list[tuple[str, str, int]]]
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def starter(spark: Any, input_dir: Path, checkpoint: Path, output: Rows) -> Callable[[], Any]:
@@ -116,18 +109,21 @@ def test_a_standby_takes_over_resumes_exactly_and_the_old_holder_is_fenced(
     try:
         query_a = active.take_over(timeout_s=60)
         assert active.lease.fence == 1 and active.takeover is not None
-        wait_for(lambda: processed_all(query_a, 6), "the active side to read six files")
+        wait_until(lambda: processed_all(query_a, 6), "the active side to read six files", WAIT_S)
         assert active.sync is not None
         active.sync.flush(timeout_s=60)
         waiting = pool.submit(standby.take_over, WAIT_S)
         # The standby keeps up: it holds the active side's newest pushed batch.
         pushed = active.sync.pushed_batch
-        wait_for(
+        wait_until(
             lambda: standby._puller is not None and standby._puller.batch_id == pushed,
             "the standby to pull the newest batch",
+            WAIT_S,
         )
         status_key = standbys_prefix(query_name) + "app-b"
-        wait_for(lambda: _standing_by_at(standby, status_key, pushed), "the standby's status")
+        wait_until(
+            lambda: _standing_by_at(standby, status_key, pushed), "the standby's status", WAIT_S
+        )
         # The active application freezes: no renewal, its query gone (a killed driver).
         crashed_at = time.monotonic()
         active.lease.stop_renewing()
@@ -145,7 +141,7 @@ def test_a_standby_takes_over_resumes_exactly_and_the_old_holder_is_fenced(
         assert _status(standby, status_key) is None, "a holder still listed as standby"
         for index in range(6, 10):
             write_input(input_dir, index)
-        wait_for(lambda: processed_all(query_b, 4), "the standby to read the new files")
+        wait_until(lambda: processed_all(query_b, 4), "the standby to read the new files", WAIT_S)
         assert standby.sync is not None
         standby.sync.flush(timeout_s=60)
         _check_old_holder_fenced(active, standby, tmp_path / "ckpt-b")
