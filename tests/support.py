@@ -42,6 +42,7 @@ from ring.auth import Signer, scoped_credential
 from ring.client import Client
 from ring.errors import NotFound, SR3Error
 from ring.placement import Member, Ring
+from ring.tls import ClientTls
 from spark_connector.fs_client import FsClient
 from sr3.local import LocalCluster
 
@@ -254,6 +255,13 @@ async def acceptors_of(probe: HttpProbe, address: str, key: str) -> tuple[str, .
     )
     group = paxos.record_group(description.replication)
     return tuple(m.peer_id for m in ring.preference_list(key, group))
+
+
+def client_tls(cluster: LocalCluster) -> ClientTls:
+    """The client certificate, key and CA of a cluster started with ``tls=True``."""
+    tls = cluster.client_tls
+    assert tls is not None and tls.cert_file is not None and tls.key_file is not None
+    return tls
 
 
 def wait_until(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from support import require_spark, start_cluster
+from support import client_tls, require_spark, start_cluster
 
 from ring.tls import ClientTls
 from sr3.certs import init_ca, issue
@@ -44,12 +44,6 @@ def tls_ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
         yield cluster
     finally:
         cluster.down(purge=True)
-
-
-def _tls(ring: LocalCluster) -> ClientTls:
-    tls = ring.client_tls
-    assert tls is not None and tls.cert_file is not None and tls.key_file is not None
-    return tls
 
 
 def _flags(tls: ClientTls) -> list[str]:
@@ -84,7 +78,7 @@ def _one_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:
 def test_a_refused_handshake_says_why_in_one_line(tls_ring: LocalCluster, tmp_path: Path) -> None:
     """Breaks: no CA, another CA, no client certificate; the seeds from SR3_RING and
     from --ring. Must hold: the line names the seeds, their source and the reason."""
-    seed, tls = tls_ring.ring, _tls(tls_ring)
+    seed, tls = tls_ring.ring, client_tls(tls_ring)
     from_env = {"SR3_RING": seed}
     plain = _sr3(tls_ring, "status", env=from_env)
     _one_line(plain, f"cannot reach {seed} (from SR3_RING): ", "set --tls-ca (or SR3_TLS_CA)")
@@ -117,7 +111,7 @@ def test_a_refused_handshake_says_why_in_one_line(tls_ring: LocalCluster, tmp_pa
 def test_the_tls_flags_reach_the_ring_as_the_variables_do(tls_ring: LocalCluster) -> None:
     """Must hold: with the flags only (no SR3_TLS_*), ``sr3 status`` reads the ring and
     ``sr3 fs`` writes and lists a file; the variables do the same."""
-    tls = _tls(tls_ring)
+    tls = client_tls(tls_ring)
     flags = ["--ring", tls_ring.ring, *_flags(tls)]
     variables = {
         "SR3_TLS_CA": str(tls.ca_file), "SR3_TLS_CERT": str(tls.cert_file),
@@ -144,7 +138,7 @@ def test_sr3_spark_conf_carries_what_the_tls_flags_name(tls_ring: LocalCluster) 
     require_spark()
     if shutil.which("javac") is None:
         pytest.skip("no javac")
-    tls = _tls(tls_ring)
+    tls = client_tls(tls_ring)
     done = _sr3(tls_ring, "spark", "conf", "--json", "--ring", tls_ring.ring, *_flags(tls))
     assert done.returncode == 0, done.stderr
     conf = json.loads(done.stdout)
@@ -190,7 +184,7 @@ def test_a_certificate_that_does_not_name_the_seed_is_named_as_the_reason(
     host = seed.rpartition(":")[0]
     _serve(tls_ring, ["elsewhere.invalid"])
     try:
-        done = _sr3(tls_ring, "status", "--ring", seed, *_flags(_tls(tls_ring)))
+        done = _sr3(tls_ring, "status", "--ring", seed, *_flags(client_tls(tls_ring)))
         _one_line(
             done, f"cannot reach {seed} (from --ring): TLS: the peer's certificate was refused: ",
             f"mismatch, certificate is not valid for '{host}'",

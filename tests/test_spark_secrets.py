@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import require_spark, spark_credential, start_cluster
+from support import client_tls, require_spark, spark_credential, start_cluster
 
 from ring.tls import ClientTls
 from spark_connector.conf import CONF_SECRETS, core_site_xml, spark_conf
@@ -86,15 +86,9 @@ def tls_ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
         cluster.down(purge=True)
 
 
-def _client_tls(ring: LocalCluster) -> ClientTls:
-    tls = ring.client_tls
-    assert tls is not None and tls.cert_file is not None and tls.key_file is not None
-    return tls
-
-
 def _key_lines(ring: LocalCluster) -> list[str]:
     """The private key's base64 lines: none may show anywhere."""
-    key_file = _client_tls(ring).key_file
+    key_file = client_tls(ring).key_file
     assert key_file is not None
     lines = [line for line in key_file.read_text().splitlines() if "-----" not in line]
     assert lines
@@ -116,7 +110,7 @@ def test_spark_shows_no_secret_of_the_conf_and_executors_still_use_them(
     """The module's promise, on a real application (module docstring)."""
     _require_jar()
     credential = spark_credential(tls_ring.secret)
-    tls = _client_tls(tls_ring)
+    tls = client_tls(tls_ring)
     events, out = tmp_path / "events", tmp_path / "out"
     events.mkdir()
     out.mkdir()
@@ -178,7 +172,7 @@ def test_a_core_site_with_the_former_names_still_reaches_the_ring(
     (``fs.sr3.credential``, ``fs.sr3.tls.key``). Must hold: Hadoop's shell lists and
     reads sr3:// over TLS with it, and warns once per name that Spark shows it."""
     _require_jar()
-    tls = _client_tls(tls_ring)
+    tls = client_tls(tls_ring)
     conf = spark_conf(tls_ring.ring, credential=spark_credential(tls_ring.secret), tls=tls)
     former = {"fs.sr3.token": "fs.sr3.credential", "fs.sr3.tls.secret.key": "fs.sr3.tls.key"}
     for name, old in former.items():
