@@ -107,6 +107,7 @@ class RoundStats:
     fast_creates: int = 0
     held_writes: int = 0
     preempted: int = 0
+    fast_hedges: int = 0
     rounds_histogram: dict[int, int] = field(default_factory=dict)
 
     def count(self, rounds: int) -> None:
@@ -240,6 +241,12 @@ class Proposer:
             chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
             return chosen is not None
 
+        def will_do(answers: Sequence[tuple[Member, Slot]], _running: int) -> bool:
+            # Enough for a round: when the others stay silent past the patience (a
+            # frozen acceptor whose slot might have shown the value chosen), the caller
+            # runs one instead of waiting out the attempt.
+            return len(answers) >= acceptors.promise_quorum
+
         result = await self._view.fan_out(
             acceptors.members,
             acceptors.replication,
@@ -247,7 +254,13 @@ class Proposer:
             strict=True,
             # Stragglers finish in the background: a cancelled request costs its
             # connection (over TLS, a new handshake for the next round).
-            early=Early(enough, grace_s=0.0, background=True),
+            early=Early(
+                enough,
+                grace_s=0.0,
+                background=True,
+                will_do=will_do,
+                patience_s=self.read_latency.delay_s(),
+            ),
             attempt_s=self._view.options.read_attempt_s,
             latency=self.read_latency,
         )
@@ -444,12 +457,16 @@ class Proposer:
             acceptors.members,
             needed if fast else acceptors.replication,
             lambda member, _hint: self._accept_at(member, key, ballot, body, acceptors, next_wire),
-            # The fast round's lanes move on to the acceptors it did not ask first.
+            # The fast round's lanes move on to the acceptors it did not ask first, and
+            # one silent past the hedge delay has the next of those asked beside it.
             strict=not fast,
             early=Early(settled, grace_s=0.0, background=True),
             attempt_s=self._view.options.write_attempt_s,
             latency=self.accept_latency,
+            hedge_s=self.accept_latency.delay_s() if fast else None,
         )
+        if result.hedged:
+            self.stats.fast_hedges += 1
         acks = sum(1 for _m, answer in result.answers if answer is True)
         refusals = [answer for _m, answer in result.answers if isinstance(answer, Preempted)]
         if acks >= needed:
