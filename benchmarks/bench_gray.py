@@ -2,24 +2,33 @@
 
 A frozen peer still accepts connections (the kernel completes the handshake) but never
 answers, so a client learns of it only from its own timeouts or from the ring's failure
-detector. One run, on one machine, with real peer processes (a fresh local cluster of
-``--peers``, R=3, W=2, the peers' default failure timeout):
+detector. Each run, on one machine, with real peer processes (a fresh local cluster of
+``--peers``, R=3, W=2, the peers' default failure timeout, repair once an hour so that
+records created in the run stay on the four acceptors of their fast quorum):
 
 1. healthy: ``--ops`` times, put a ``--size`` file under a new key (``put_bytes``: chunks
    on W..R replicas, then the record naming them) and get it back (``get_bytes``),
    ``--concurrency`` at a time; each operation timed on the monotonic clock;
-2. frozen: SIGSTOP one peer (seeded choice), then the same number of puts of new keys,
-   each followed by a get of a file stored in step 1 (a third of them on the frozen
-   peer's replicas), with the same client, whose view still has the peer up;
+2. frozen: SIGSTOP one peer, then the same number of puts of new keys, each followed by
+   a get of a file stored in step 1, with the same client, whose view still has the
+   peer up (until the ring's failure detector says otherwise, 5 s in);
 3. SIGCONT the peer (always, in ``finally``).
 
-Every get is checked byte for byte. Reported for each phase and operation: p50, p99 and
-max in milliseconds, and the ratio of the frozen p99 to the healthy p99. Writes
-``benchmarks/results/gray.json``; ``--baseline`` copies the figures of an earlier run
-(another version of the client, measured the same way) into it for comparison. Run from
-the repository root:
+Run ``r`` of ``--repeat`` freezes ``peer-(r mod peers + 1)`` (``peer-1`` is also the
+first seed), so five runs give the frozen peer every role: a replica of some chunks,
+an acceptor of every record (in the fast quorum of four fifths of them), the seed the
+client asks for the member table, a peer the client's pool holds connections to.
 
-    python benchmarks/bench_gray.py [--ops 200] [--size 64KiB] [--concurrency 8]
+Every get is checked byte for byte. Reported for each run, phase and operation: p50,
+p99 and max in milliseconds, the ratios frozen to healthy, and the client's hedges
+(creates that asked the fifth acceptor, reads that ran a round); over the runs, the
+median and range of each. Writes ``benchmarks/results/gray.json`` (``--out``); ``--baseline``
+copies the figures of an earlier run (another version of the client, measured the
+same way) into it for comparison. Run from the repository root:
+
+    python benchmarks/bench_gray.py [--ops 200] [--size 64KiB] [--concurrency 8] [--repeat 1]
+    python benchmarks/bench_gray.py --ops 100 --size 4MiB --concurrency 1 --repeat 5 \
+        --out benchmarks/results/gray-4mib.json
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import os
 import platform
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -50,6 +60,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "gray.json"
 OP_S_MAX = 120.0
 OPS_MAX = 10_000
 CONCURRENCY_MAX = 64
+REPEAT_MAX = 50
 FAILURE_TIMEOUT_S = 5.0  # the peers' --failure-timeout default
 PEER_FLAGS = ["--scrub-rate", "0", "--repair-interval", "3600"]
 
@@ -66,6 +77,15 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
         "p50_ms": round(quantile(samples, 0.50) * 1000, 2),
         "p99_ms": round(quantile(samples, 0.99) * 1000, 2),
         "max_ms": round(max(samples) * 1000, 2),
+    }
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """The median and range of one figure over the runs."""
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
     }
 
 
@@ -99,16 +119,26 @@ async def _phase(
     return puts, gets
 
 
+def _hedges(client: Client) -> dict[str, int]:
+    """The client's counters of what it did around silent peers, so far."""
+    stats = client.records.proposer.stats
+    return {
+        "fast_creates": stats.fast_creates,
+        "fast_hedges": getattr(stats, "fast_hedges", 0),  # 0: a client without them
+        "rounds_for_reads": client.records.rounds_for_reads,
+    }
+
+
 async def measure(
-    cluster: LocalCluster, ops: int, size: int, width: int, seed: int
+    cluster: LocalCluster, victim: str, ops: int, size: int, width: int, seed: int
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     healthy_keys = [f"bench/gray/healthy-{index}" for index in range(ops)]
     frozen_keys = [f"bench/gray/frozen-{index}" for index in range(ops)]
     blobs = {key: rng.randbytes(size) for key in [*healthy_keys, *frozen_keys]}
-    victim = rng.choice([peer.peer_id for peer in cluster.cluster.peers])
     async with Client(cluster.ring, cluster.secret) as client:
         healthy = await _phase(client, blobs, healthy_keys, healthy_keys, width)
+        before = _hedges(client)
         cluster.signal(victim, signal.SIGSTOP)
         frozen_at = time.monotonic()
         try:
@@ -116,19 +146,58 @@ async def measure(
         finally:
             cluster.signal(victim, signal.SIGCONT)
         frozen_s = time.monotonic() - frozen_at
+        after = _hedges(client)
         aclose = getattr(client.view, "aclose", None)  # write lanes still in the background
         if aclose is not None:
             await aclose()
     figures: dict[str, Any] = {"frozen_peer": victim, "frozen_phase_s": round(frozen_s, 2)}
     for name, (puts, gets) in (("healthy", healthy), ("frozen", frozen)):
         figures[name] = {"put": summary(puts), "get": summary(gets)}
+    figures["frozen"]["client"] = {key: after[key] - before[key] for key in after}
     for op in ("put", "get"):
-        ratio = figures["frozen"][op]["p99_ms"] / max(figures["healthy"][op]["p99_ms"], 1e-9)
-        figures[f"{op}_p99_ratio_frozen_to_healthy"] = round(ratio, 2)
+        for figure in ("p50", "p99", "max"):
+            ratio = figures["frozen"][op][f"{figure}_ms"] / max(
+                figures["healthy"][op][f"{figure}_ms"], 1e-9
+            )
+            figures[f"{op}_{figure}_ratio_frozen_to_healthy"] = round(ratio, 2)
         figures[f"{op}_max_within_failure_timeout"] = (
             figures["frozen"][op]["max_ms"] <= FAILURE_TIMEOUT_S * 1000
         )
     return figures
+
+
+def one_run(args: argparse.Namespace, size: int, run: int) -> dict[str, Any]:
+    """A fresh cluster, one healthy and one frozen phase, the cluster gone after."""
+    seed = args.seed + run
+    victim = f"peer-{run % args.peers + 1}"
+    with tempfile.TemporaryDirectory(prefix="sr3-bench-gray-") as work_name:
+        work = Path(work_name)
+        cluster = LocalCluster.create(
+            work / "cluster", args.peers, cluster_file=work / "cluster.json",
+            base_port=7950, peer_flags=[*PEER_FLAGS, "--seed", str(seed)],
+        )  # fmt: skip
+        cluster.up()
+        try:
+            figures = asyncio.run(measure(cluster, victim, args.ops, size, args.concurrency, seed))
+        finally:
+            cluster.down(purge=True)
+    print(json.dumps({"run": run, **figures}), flush=True)
+    return {"run": run, "seed": seed, **figures}
+
+
+def over_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range over the runs of each phase's p50 and max, and of the ratios."""
+    spreads: dict[str, Any] = {}
+    for phase in ("healthy", "frozen"):
+        for op in ("put", "get"):
+            for figure in ("p50_ms", "max_ms"):
+                values = [run[phase][op][figure] for run in runs]
+                spreads[f"{phase}_{op}_{figure}"] = spread(values)
+    for op in ("put", "get"):
+        for figure in ("p50", "max"):
+            key = f"{op}_{figure}_ratio_frozen_to_healthy"
+            spreads[key] = spread([run[key] for run in runs])
+    return spreads
 
 
 def main() -> None:
@@ -137,6 +206,7 @@ def main() -> None:
     parser.add_argument("--size", default="64KiB")
     parser.add_argument("--peers", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="runs, each on a fresh cluster")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--label", default="", help="what code was measured (e.g. before)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -144,18 +214,10 @@ def main() -> None:
     args = parser.parse_args()
     if not 1 <= args.ops <= OPS_MAX or not 1 <= args.concurrency <= CONCURRENCY_MAX:
         raise SystemExit(f"--ops must be in 1..{OPS_MAX}, --concurrency in 1..{CONCURRENCY_MAX}")
+    if not 1 <= args.repeat <= REPEAT_MAX:
+        raise SystemExit(f"--repeat must be in 1..{REPEAT_MAX}")
     size = parse_size(args.size)
-    with tempfile.TemporaryDirectory(prefix="sr3-bench-gray-") as work_name:
-        work = Path(work_name)
-        cluster = LocalCluster.create(
-            work / "cluster", args.peers, cluster_file=work / "cluster.json",
-            base_port=7950, peer_flags=[*PEER_FLAGS, "--seed", str(args.seed)],
-        )  # fmt: skip
-        cluster.up()
-        try:
-            figures = asyncio.run(measure(cluster, args.ops, size, args.concurrency, args.seed))
-        finally:
-            cluster.down(purge=True)
+    runs = [one_run(args, size, run) for run in range(args.repeat)]
     result = {
         "benchmark": "gray",
         "label": args.label,
@@ -168,19 +230,26 @@ def main() -> None:
         "failure_timeout_s": FAILURE_TIMEOUT_S,
         "seed": args.seed,
         "peer_flags": PEER_FLAGS,
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
-        **figures,
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_1m_after": round(os.getloadavg()[0], 2),
+        },
+        # The figures of the first run at the top level, as before runs were repeated.
+        **{key: value for key, value in runs[0].items() if key not in ("run", "seed")},
+        "runs": runs,
+        "over_runs": over_runs(runs),
     }
     if args.baseline is not None:
         earlier = json.loads(args.baseline.read_text())
         result["baseline"] = {
             key: earlier[key]
-            for key in ("label", "frozen_peer", "frozen_phase_s", "healthy", "frozen")
+            for key in ("label", "frozen_peer", "frozen_phase_s", "healthy", "frozen", "over_runs")
             if key in earlier
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result["over_runs"], indent=2))
 
 
 if __name__ == "__main__":
