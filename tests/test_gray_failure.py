@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from support import chunk_holders
+from support import MakeCluster, chunk_holders
 
 from ring import codec
 from ring.client import Client, ClientOptions
@@ -206,6 +206,37 @@ async def test_with_one_peer_frozen_creates_and_record_reads_never_wait_on_its_t
     async with Client(ring.ring, ring.secret) as client:
         for name, data in stored.items():
             assert await client.get_bytes(name) == data
+
+
+async def test_in_a_ring_of_three_a_frozen_acceptor_costs_a_create_a_classic_round(
+    make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Breaks: SIGSTOP one peer of a ring of three (R=3, W=2: every record on all three,
+    and a create's fast round needs all three, so there is no acceptor to hedge to).
+    Must hold, for a client whose attempts to a silent peer last 30 s and that still
+    believes the peer up: a put of a new file gives its fast round up once the frozen
+    acceptor was silent past the hedge delay, and a classic round of the two live ones
+    names the file; a get of a file stored before the freeze (two live slots at ballot 0
+    do not show it chosen) runs a round; neither waits for an attempt to time out, and
+    both files read back after the thaw."""
+    cluster = make_cluster(3, peer_flags=["--scrub-rate", "0", "--repair-interval", "3600"])
+    before, after = rng.randbytes(50_000), rng.randbytes(50_000)
+    async with Client(cluster.ring, cluster.secret) as client:
+        victim = rng.choice((await client.ring()).ring.members)
+        await client.put_bytes(before, "three/before")
+
+    with frozen(cluster, victim.peer_id):
+        async with Client(cluster.ring, cluster.secret, options=PATIENT) as client:
+            await client.put_bytes(after, "three/after")
+            assert not client.view.is_down(victim)
+            assert await client.get_bytes("three/before") == before
+            assert not client.view.is_down(victim)
+            stats = client.records.proposer.stats
+            assert (stats.fast_creates, stats.fast_abandoned) == (0, 1)
+
+    async with Client(cluster.ring, cluster.secret) as client:
+        assert await client.get_bytes("three/before") == before
+        assert await client.get_bytes("three/after") == after
 
 
 def test_hedge_delay_is_the_p95_of_recent_latencies_within_its_bounds() -> None:

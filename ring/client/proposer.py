@@ -107,7 +107,10 @@ class RoundStats:
     fast_creates: int = 0
     held_writes: int = 0
     preempted: int = 0
+    # Fast rounds that asked the acceptor left out beside one silent past the hedge
+    # delay, and those given up on for a classic round where no acceptor was left out.
     fast_hedges: int = 0
+    fast_abandoned: int = 0
     rounds_histogram: dict[int, int] = field(default_factory=dict)
 
     def count(self, rounds: int) -> None:
@@ -453,21 +456,34 @@ class Proposer:
             # whether its value can still be chosen (``fast_refused`` below).
             return running == 0 if fast else acks + running < needed
 
+        # The fast round's lanes move on to the acceptors it did not ask first, and one
+        # silent past the hedge delay has the next of those asked beside it; where there
+        # is none (groups of three or fewer: every acceptor is in the fast quorum), the
+        # round is given up on after that delay and a classic round, which needs only a
+        # majority, decides (``run``).
+        delay_s = self.accept_latency.delay_s()
+        spare = fast and acceptors.replication > needed
         result = await self._view.fan_out(
             acceptors.members,
             needed if fast else acceptors.replication,
             lambda member, _hint: self._accept_at(member, key, ballot, body, acceptors, next_wire),
-            # The fast round's lanes move on to the acceptors it did not ask first, and
-            # one silent past the hedge delay has the next of those asked beside it.
             strict=not fast,
-            early=Early(settled, grace_s=0.0, background=True),
+            early=Early(
+                settled,
+                grace_s=0.0,
+                background=True,
+                will_do=_anything if fast and not spare else None,
+                patience_s=delay_s,
+            ),
             attempt_s=self._view.options.write_attempt_s,
             latency=self.accept_latency,
-            hedge_s=self.accept_latency.delay_s() if fast else None,
+            hedge_s=delay_s if spare else None,
         )
+        acks = sum(1 for _m, answer in result.answers if answer is True)
         if result.hedged:
             self.stats.fast_hedges += 1
-        acks = sum(1 for _m, answer in result.answers if answer is True)
+        elif fast and result.unfinished and acks < needed:
+            self.stats.fast_abandoned += 1
         refusals = [answer for _m, answer in result.answers if isinstance(answer, Preempted)]
         if acks >= needed:
             if hold and following is not None and acks >= holding:
@@ -507,6 +523,11 @@ class Proposer:
     def forget(self, key: str) -> None:
         """Drop the promise held on ``key`` (its value may have changed elsewhere)."""
         self._held.pop(key, None)
+
+
+def _anything(_answers: Sequence[tuple[Member, object]], _running: int) -> bool:
+    """Any answers will do (once the patience ran out, the caller goes on without)."""
+    return True
 
 
 def _refusal(body: bytes) -> Preempted:
