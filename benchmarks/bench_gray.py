@@ -19,6 +19,10 @@ first seed), so five runs give the frozen peer every role: a replica of some chu
 an acceptor of every record (in the fast quorum of four fifths of them), the seed the
 client asks for the member table, a peer the client's pool holds connections to.
 
+With ``--via fs`` the same files are written and read through ``sr3://`` instead
+(``FsClient`` PUT and GET of a peer that coordinates them with its own ring client:
+the peer after the frozen one).
+
 Every get is checked byte for byte. Reported for each run, phase and operation: p50,
 p99 and max in milliseconds, the ratios frozen to healthy, and the client's hedges
 (creates that asked the fifth acceptor, reads that ran a round); over the runs, the
@@ -28,7 +32,7 @@ same way) into it for comparison. Run from the repository root:
 
     python benchmarks/bench_gray.py [--ops 200] [--size 64KiB] [--concurrency 8] [--repeat 1]
     python benchmarks/bench_gray.py --ops 100 --size 4MiB --concurrency 1 --repeat 5 \
-        --out benchmarks/results/gray-4mib.json
+        [--via fs] --out benchmarks/results/gray-4mib.json
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ring.client import Client
 from ring.config import parse_size
+from spark_connector.fs_client import FsClient
 from sr3.local import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gray.json"
@@ -97,8 +103,17 @@ async def _timed(samples: list[float], op: Callable[[], Awaitable[object]]) -> o
     return result
 
 
+@dataclass(frozen=True, slots=True)
+class Store:
+    """How a phase puts and gets a file: through the ring client, or through an
+    ``sr3://`` coordinator (a peer that stores and reads it with its own ring client)."""
+
+    put: Callable[[str, bytes], Awaitable[object]]
+    get: Callable[[str], Awaitable[bytes]]
+
+
 async def _phase(
-    client: Client, blobs: dict[str, bytes], put_keys: list[str], get_keys: list[str], width: int
+    store: Store, blobs: dict[str, bytes], put_keys: list[str], get_keys: list[str], width: int
 ) -> tuple[list[float], list[float]]:
     """Put ``put_keys`` and get ``get_keys`` (pairwise, one after the other), ``width``
     pairs at a time; the put and get latencies."""
@@ -108,8 +123,8 @@ async def _phase(
 
     async def pair(put_key: str, get_key: str) -> None:
         async with slots:
-            await _timed(puts, lambda: client.put_bytes(blobs[put_key], put_key))
-            data = await _timed(gets, lambda: client.get_bytes(get_key))
+            await _timed(puts, lambda: store.put(put_key, blobs[put_key]))
+            data = await _timed(gets, lambda: store.get(get_key))
             if data != blobs[get_key]:
                 raise SystemExit(f"get of {get_key} returned other bytes")
 
@@ -130,19 +145,28 @@ def _hedges(client: Client) -> dict[str, int]:
 
 
 async def measure(
-    cluster: LocalCluster, victim: str, ops: int, size: int, width: int, seed: int
+    cluster: LocalCluster, victim: str, coordinator: str | None, settings: Settings, seed: int
 ) -> dict[str, Any]:
+    """One healthy and one frozen phase; through ``coordinator``'s ``sr3://`` namespace
+    when given, else through the ring client."""
     rng = random.Random(seed)
-    healthy_keys = [f"bench/gray/healthy-{index}" for index in range(ops)]
-    frozen_keys = [f"bench/gray/frozen-{index}" for index in range(ops)]
-    blobs = {key: rng.randbytes(size) for key in [*healthy_keys, *frozen_keys]}
-    async with Client(cluster.ring, cluster.secret) as client:
-        healthy = await _phase(client, blobs, healthy_keys, healthy_keys, width)
+    healthy_keys = [f"bench/gray/healthy-{index}" for index in range(settings.ops)]
+    frozen_keys = [f"bench/gray/frozen-{index}" for index in range(settings.ops)]
+    blobs = {key: rng.randbytes(settings.size) for key in [*healthy_keys, *frozen_keys]}
+    address = cluster.peer(coordinator or victim).address
+    async with (
+        Client(cluster.ring, cluster.secret) as client,
+        FsClient(address, cluster.secret) as fs,
+    ):
+        store = Store(lambda key, data: client.put_bytes(data, key), client.get_bytes)
+        if coordinator is not None:
+            store = Store(lambda key, data: fs.write(f"/{key}", data), lambda k: fs.read(f"/{k}"))
+        healthy = await _phase(store, blobs, healthy_keys, healthy_keys, settings.concurrency)
         before = _hedges(client)
         cluster.signal(victim, signal.SIGSTOP)
         frozen_at = time.monotonic()
         try:
-            frozen = await _phase(client, blobs, frozen_keys, healthy_keys, width)
+            frozen = await _phase(store, blobs, frozen_keys, healthy_keys, settings.concurrency)
         finally:
             cluster.signal(victim, signal.SIGCONT)
         frozen_s = time.monotonic() - frozen_at
@@ -151,9 +175,12 @@ async def measure(
         if aclose is not None:
             await aclose()
     figures: dict[str, Any] = {"frozen_peer": victim, "frozen_phase_s": round(frozen_s, 2)}
+    if coordinator is not None:
+        figures["coordinator"] = coordinator
     for name, (puts, gets) in (("healthy", healthy), ("frozen", frozen)):
         figures[name] = {"put": summary(puts), "get": summary(gets)}
-    figures["frozen"]["client"] = {key: after[key] - before[key] for key in after}
+    if coordinator is None:  # the coordinator's own client hedged, not this one
+        figures["frozen"]["client"] = {key: after[key] - before[key] for key in after}
     for op in ("put", "get"):
         for figure in ("p50", "p99", "max"):
             ratio = figures["frozen"][op][f"{figure}_ms"] / max(
@@ -166,19 +193,32 @@ async def measure(
     return figures
 
 
-def one_run(args: argparse.Namespace, size: int, run: int) -> dict[str, Any]:
-    """A fresh cluster, one healthy and one frozen phase, the cluster gone after."""
-    seed = args.seed + run
-    victim = f"peer-{run % args.peers + 1}"
+@dataclass(frozen=True, slots=True)
+class Settings:
+    ops: int
+    size: int
+    peers: int
+    concurrency: int
+    seed: int
+    via: str
+
+
+def one_run(settings: Settings, run: int) -> dict[str, Any]:
+    """A fresh cluster, one healthy and one frozen phase, the cluster gone after. Run
+    ``r`` freezes ``peer-(r mod peers + 1)``; through ``sr3://`` the next peer
+    coordinates."""
+    seed = settings.seed + run
+    victim = f"peer-{run % settings.peers + 1}"
+    coordinator = f"peer-{(run + 1) % settings.peers + 1}" if settings.via == "fs" else None
     with tempfile.TemporaryDirectory(prefix="sr3-bench-gray-") as work_name:
         work = Path(work_name)
         cluster = LocalCluster.create(
-            work / "cluster", args.peers, cluster_file=work / "cluster.json",
+            work / "cluster", settings.peers, cluster_file=work / "cluster.json",
             base_port=7950, peer_flags=[*PEER_FLAGS, "--seed", str(seed)],
         )  # fmt: skip
         cluster.up()
         try:
-            figures = asyncio.run(measure(cluster, victim, args.ops, size, args.concurrency, seed))
+            figures = asyncio.run(measure(cluster, victim, coordinator, settings, seed))
         finally:
             cluster.down(purge=True)
     print(json.dumps({"run": run, **figures}), flush=True)
@@ -207,6 +247,10 @@ def main() -> None:
     parser.add_argument("--peers", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=1, help="runs, each on a fresh cluster")
+    parser.add_argument(
+        "--via", choices=("client", "fs"), default="client",
+        help="the ring client (put_bytes/get_bytes), or sr3:// writes and reads of a peer",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--label", default="", help="what code was measured (e.g. before)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -217,10 +261,12 @@ def main() -> None:
     if not 1 <= args.repeat <= REPEAT_MAX:
         raise SystemExit(f"--repeat must be in 1..{REPEAT_MAX}")
     size = parse_size(args.size)
-    runs = [one_run(args, size, run) for run in range(args.repeat)]
+    settings = Settings(args.ops, size, args.peers, args.concurrency, args.seed, args.via)
+    runs = [one_run(settings, run) for run in range(args.repeat)]
     result = {
         "benchmark": "gray",
         "label": args.label,
+        "via": args.via,
         "ops": args.ops,
         "size_bytes": size,
         "peers": args.peers,

@@ -11,9 +11,10 @@ set of a version wins, and the others fail with ``RecordConflict``.
 
 One round trip per replica in the common cases: a create may try the fast round first
 (sent to a fast quorum of the acceptors, 4 of 5, each of which must accept; the last
-acceptor is asked only in place of one that fails, and repair copies the value to it
-later), and a writer that holds the promise of its next ballot on a key
-(``_Held``, given with its last accept) skips the prepare for its next change there.
+acceptor is asked only in place of one that fails or stays silent past the hedge
+delay, and repair copies the value to it later), and a writer that holds the promise
+of its next ballot on a key (``_Held``, given with its last accept) skips the prepare
+for its next change there.
 Reads that find the value chosen need no round at all (``ring.client.records``).
 """
 
@@ -430,10 +431,10 @@ class Proposer:
     ) -> bool:
         """Whether ``value`` was chosen at ``ballot``: accepted by W acceptors, or by a
         fast quorum at ballot 0. The fast round asks only a fast quorum of them (the
-        others stand in for one that fails): every one must accept, and asking the rest
-        would only cost their work. With ``hold``, each accept also promises this
-        proposer's next ballot, which it keeps for the next change when enough acceptors
-        gave it."""
+        others stand in for one that fails or is silent past the hedge delay): every one
+        must accept, and asking the rest would only cost their work. With ``hold``, each
+        accept also promises this proposer's next ballot, which it keeps for the next
+        change when enough acceptors gave it."""
         fast = ballot == FAST
         needed = acceptors.fast_quorum if fast else acceptors.write_quorum
         holding = max(acceptors.write_quorum, acceptors.promise_quorum)
