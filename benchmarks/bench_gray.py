@@ -2,24 +2,37 @@
 
 A frozen peer still accepts connections (the kernel completes the handshake) but never
 answers, so a client learns of it only from its own timeouts or from the ring's failure
-detector. One run, on one machine, with real peer processes (a fresh local cluster of
-``--peers``, R=3, W=2, the peers' default failure timeout):
+detector. Each run, on one machine, with real peer processes (a fresh local cluster of
+``--peers``, R=3, W=2, the peers' default failure timeout, repair once an hour so that
+records created in the run stay on the four acceptors of their fast quorum):
 
 1. healthy: ``--ops`` times, put a ``--size`` file under a new key (``put_bytes``: chunks
    on W..R replicas, then the record naming them) and get it back (``get_bytes``),
    ``--concurrency`` at a time; each operation timed on the monotonic clock;
-2. frozen: SIGSTOP one peer (seeded choice), then the same number of puts of new keys,
-   each followed by a get of a file stored in step 1 (a third of them on the frozen
-   peer's replicas), with the same client, whose view still has the peer up;
+2. frozen: SIGSTOP one peer, then the same number of puts of new keys, each followed by
+   a get of a file stored in step 1, with the same client, whose view still has the
+   peer up (until the ring's failure detector says otherwise, 5 s in);
 3. SIGCONT the peer (always, in ``finally``).
 
-Every get is checked byte for byte. Reported for each phase and operation: p50, p99 and
-max in milliseconds, and the ratio of the frozen p99 to the healthy p99. Writes
-``benchmarks/results/gray.json``; ``--baseline`` copies the figures of an earlier run
-(another version of the client, measured the same way) into it for comparison. Run from
-the repository root:
+Run ``r`` of ``--repeat`` freezes ``peer-(r mod peers + 1)`` (``peer-1`` is also the
+first seed), so five runs give the frozen peer every role: a replica of some chunks,
+an acceptor of every record (in the fast quorum of four fifths of them), the seed the
+client asks for the member table, a peer the client's pool holds connections to.
 
-    python benchmarks/bench_gray.py [--ops 200] [--size 64KiB] [--concurrency 8]
+With ``--via fs`` the same files are written and read through ``sr3://`` instead
+(``FsClient`` PUT and GET of a peer that coordinates them with its own ring client:
+the peer after the frozen one).
+
+Every get is checked byte for byte. Reported for each run, phase and operation: p50,
+p99 and max in milliseconds, the ratios frozen to healthy, and the client's hedges
+(creates that asked the fifth acceptor, reads that ran a round); over the runs, the
+median and range of each. Writes ``benchmarks/results/gray.json`` (``--out``); ``--baseline``
+copies the figures of an earlier run (another version of the client, measured the
+same way) into it for comparison. Run from the repository root:
+
+    python benchmarks/bench_gray.py [--ops 200] [--size 64KiB] [--concurrency 8] [--repeat 1]
+    python benchmarks/bench_gray.py --ops 100 --size 4MiB --concurrency 1 --repeat 5 \
+        [--via fs] --out benchmarks/results/gray-4mib.json
 """
 
 from __future__ import annotations
@@ -32,10 +45,12 @@ import os
 import platform
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ring.client import Client
 from ring.config import parse_size
+from spark_connector.fs_client import FsClient
 from sr3.local import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gray.json"
@@ -50,6 +66,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "gray.json"
 OP_S_MAX = 120.0
 OPS_MAX = 10_000
 CONCURRENCY_MAX = 64
+REPEAT_MAX = 50
 FAILURE_TIMEOUT_S = 5.0  # the peers' --failure-timeout default
 PEER_FLAGS = ["--scrub-rate", "0", "--repair-interval", "3600"]
 
@@ -69,6 +86,15 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """The median and range of one figure over the runs."""
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
+
+
 async def _timed(samples: list[float], op: Callable[[], Awaitable[object]]) -> object:
     started = time.monotonic()
     async with asyncio.timeout(OP_S_MAX):
@@ -77,8 +103,17 @@ async def _timed(samples: list[float], op: Callable[[], Awaitable[object]]) -> o
     return result
 
 
+@dataclass(frozen=True, slots=True)
+class Store:
+    """How a phase puts and gets a file: through the ring client, or through an
+    ``sr3://`` coordinator (a peer that stores and reads it with its own ring client)."""
+
+    put: Callable[[str, bytes], Awaitable[object]]
+    get: Callable[[str], Awaitable[bytes]]
+
+
 async def _phase(
-    client: Client, blobs: dict[str, bytes], put_keys: list[str], get_keys: list[str], width: int
+    store: Store, blobs: dict[str, bytes], put_keys: list[str], get_keys: list[str], width: int
 ) -> tuple[list[float], list[float]]:
     """Put ``put_keys`` and get ``get_keys`` (pairwise, one after the other), ``width``
     pairs at a time; the put and get latencies."""
@@ -88,8 +123,8 @@ async def _phase(
 
     async def pair(put_key: str, get_key: str) -> None:
         async with slots:
-            await _timed(puts, lambda: client.put_bytes(blobs[put_key], put_key))
-            data = await _timed(gets, lambda: client.get_bytes(get_key))
+            await _timed(puts, lambda: store.put(put_key, blobs[put_key]))
+            data = await _timed(gets, lambda: store.get(get_key))
             if data != blobs[get_key]:
                 raise SystemExit(f"get of {get_key} returned other bytes")
 
@@ -99,36 +134,110 @@ async def _phase(
     return puts, gets
 
 
+def _hedges(client: Client) -> dict[str, int]:
+    """The client's counters of what it did around silent peers, so far."""
+    stats = client.records.proposer.stats
+    return {
+        "fast_creates": stats.fast_creates,
+        "fast_hedges": getattr(stats, "fast_hedges", 0),  # 0: a client without them
+        "rounds_for_reads": client.records.rounds_for_reads,
+    }
+
+
 async def measure(
-    cluster: LocalCluster, ops: int, size: int, width: int, seed: int
+    cluster: LocalCluster, victim: str, coordinator: str | None, settings: Settings, seed: int
 ) -> dict[str, Any]:
+    """One healthy and one frozen phase; through ``coordinator``'s ``sr3://`` namespace
+    when given, else through the ring client."""
     rng = random.Random(seed)
-    healthy_keys = [f"bench/gray/healthy-{index}" for index in range(ops)]
-    frozen_keys = [f"bench/gray/frozen-{index}" for index in range(ops)]
-    blobs = {key: rng.randbytes(size) for key in [*healthy_keys, *frozen_keys]}
-    victim = rng.choice([peer.peer_id for peer in cluster.cluster.peers])
-    async with Client(cluster.ring, cluster.secret) as client:
-        healthy = await _phase(client, blobs, healthy_keys, healthy_keys, width)
+    healthy_keys = [f"bench/gray/healthy-{index}" for index in range(settings.ops)]
+    frozen_keys = [f"bench/gray/frozen-{index}" for index in range(settings.ops)]
+    blobs = {key: rng.randbytes(settings.size) for key in [*healthy_keys, *frozen_keys]}
+    address = cluster.peer(coordinator or victim).address
+    async with (
+        Client(cluster.ring, cluster.secret) as client,
+        FsClient(address, cluster.secret) as fs,
+    ):
+        store = Store(lambda key, data: client.put_bytes(data, key), client.get_bytes)
+        if coordinator is not None:
+            store = Store(lambda key, data: fs.write(f"/{key}", data), lambda k: fs.read(f"/{k}"))
+        healthy = await _phase(store, blobs, healthy_keys, healthy_keys, settings.concurrency)
+        before = _hedges(client)
         cluster.signal(victim, signal.SIGSTOP)
         frozen_at = time.monotonic()
         try:
-            frozen = await _phase(client, blobs, frozen_keys, healthy_keys, width)
+            frozen = await _phase(store, blobs, frozen_keys, healthy_keys, settings.concurrency)
         finally:
             cluster.signal(victim, signal.SIGCONT)
         frozen_s = time.monotonic() - frozen_at
+        after = _hedges(client)
         aclose = getattr(client.view, "aclose", None)  # write lanes still in the background
         if aclose is not None:
             await aclose()
     figures: dict[str, Any] = {"frozen_peer": victim, "frozen_phase_s": round(frozen_s, 2)}
+    if coordinator is not None:
+        figures["coordinator"] = coordinator
     for name, (puts, gets) in (("healthy", healthy), ("frozen", frozen)):
         figures[name] = {"put": summary(puts), "get": summary(gets)}
+    if coordinator is None:  # the coordinator's own client hedged, not this one
+        figures["frozen"]["client"] = {key: after[key] - before[key] for key in after}
     for op in ("put", "get"):
-        ratio = figures["frozen"][op]["p99_ms"] / max(figures["healthy"][op]["p99_ms"], 1e-9)
-        figures[f"{op}_p99_ratio_frozen_to_healthy"] = round(ratio, 2)
+        for figure in ("p50", "p99", "max"):
+            ratio = figures["frozen"][op][f"{figure}_ms"] / max(
+                figures["healthy"][op][f"{figure}_ms"], 1e-9
+            )
+            figures[f"{op}_{figure}_ratio_frozen_to_healthy"] = round(ratio, 2)
         figures[f"{op}_max_within_failure_timeout"] = (
             figures["frozen"][op]["max_ms"] <= FAILURE_TIMEOUT_S * 1000
         )
     return figures
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    ops: int
+    size: int
+    peers: int
+    concurrency: int
+    seed: int
+    via: str
+
+
+def one_run(settings: Settings, run: int) -> dict[str, Any]:
+    """A fresh cluster, one healthy and one frozen phase, the cluster gone after. Run
+    ``r`` freezes ``peer-(r mod peers + 1)``; through ``sr3://`` the next peer
+    coordinates."""
+    seed = settings.seed + run
+    victim = f"peer-{run % settings.peers + 1}"
+    coordinator = f"peer-{(run + 1) % settings.peers + 1}" if settings.via == "fs" else None
+    with tempfile.TemporaryDirectory(prefix="sr3-bench-gray-") as work_name:
+        work = Path(work_name)
+        cluster = LocalCluster.create(
+            work / "cluster", settings.peers, cluster_file=work / "cluster.json",
+            base_port=7950, peer_flags=[*PEER_FLAGS, "--seed", str(seed)],
+        )  # fmt: skip
+        cluster.up()
+        try:
+            figures = asyncio.run(measure(cluster, victim, coordinator, settings, seed))
+        finally:
+            cluster.down(purge=True)
+    print(json.dumps({"run": run, **figures}), flush=True)
+    return {"run": run, "seed": seed, **figures}
+
+
+def over_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range over the runs of each phase's p50 and max, and of the ratios."""
+    spreads: dict[str, Any] = {}
+    for phase in ("healthy", "frozen"):
+        for op in ("put", "get"):
+            for figure in ("p50_ms", "max_ms"):
+                values = [run[phase][op][figure] for run in runs]
+                spreads[f"{phase}_{op}_{figure}"] = spread(values)
+    for op in ("put", "get"):
+        for figure in ("p50", "max"):
+            key = f"{op}_{figure}_ratio_frozen_to_healthy"
+            spreads[key] = spread([run[key] for run in runs])
+    return spreads
 
 
 def main() -> None:
@@ -137,6 +246,11 @@ def main() -> None:
     parser.add_argument("--size", default="64KiB")
     parser.add_argument("--peers", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="runs, each on a fresh cluster")
+    parser.add_argument(
+        "--via", choices=("client", "fs"), default="client",
+        help="the ring client (put_bytes/get_bytes), or sr3:// writes and reads of a peer",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--label", default="", help="what code was measured (e.g. before)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -144,21 +258,15 @@ def main() -> None:
     args = parser.parse_args()
     if not 1 <= args.ops <= OPS_MAX or not 1 <= args.concurrency <= CONCURRENCY_MAX:
         raise SystemExit(f"--ops must be in 1..{OPS_MAX}, --concurrency in 1..{CONCURRENCY_MAX}")
+    if not 1 <= args.repeat <= REPEAT_MAX:
+        raise SystemExit(f"--repeat must be in 1..{REPEAT_MAX}")
     size = parse_size(args.size)
-    with tempfile.TemporaryDirectory(prefix="sr3-bench-gray-") as work_name:
-        work = Path(work_name)
-        cluster = LocalCluster.create(
-            work / "cluster", args.peers, cluster_file=work / "cluster.json",
-            base_port=7950, peer_flags=[*PEER_FLAGS, "--seed", str(args.seed)],
-        )  # fmt: skip
-        cluster.up()
-        try:
-            figures = asyncio.run(measure(cluster, args.ops, size, args.concurrency, args.seed))
-        finally:
-            cluster.down(purge=True)
+    settings = Settings(args.ops, size, args.peers, args.concurrency, args.seed, args.via)
+    runs = [one_run(settings, run) for run in range(args.repeat)]
     result = {
         "benchmark": "gray",
         "label": args.label,
+        "via": args.via,
         "ops": args.ops,
         "size_bytes": size,
         "peers": args.peers,
@@ -168,19 +276,26 @@ def main() -> None:
         "failure_timeout_s": FAILURE_TIMEOUT_S,
         "seed": args.seed,
         "peer_flags": PEER_FLAGS,
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
-        **figures,
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_1m_after": round(os.getloadavg()[0], 2),
+        },
+        # The figures of the first run at the top level, as before runs were repeated.
+        **{key: value for key, value in runs[0].items() if key not in ("run", "seed")},
+        "runs": runs,
+        "over_runs": over_runs(runs),
     }
     if args.baseline is not None:
         earlier = json.loads(args.baseline.read_text())
         result["baseline"] = {
             key: earlier[key]
-            for key in ("label", "frozen_peer", "frozen_phase_s", "healthy", "frozen")
+            for key in ("label", "frozen_peer", "frozen_phase_s", "healthy", "frozen", "over_runs")
             if key in earlier
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result["over_runs"], indent=2))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Gray failure: a frozen peer (SIGSTOP: the kernel still accepts its connections, it
 never answers) must not hold a client's writes or reads for the transport's read
-timeout (30 s). Writes return once W replicas acknowledged, chunk reads hedge to the
-next replica, record reads answer as soon as the live acceptors' slots show the value
-chosen (``ring.paxos.chosen_value``), and what the client stores stays intact.
+timeout (30 s), nor for one attempt's timeout (``ClientOptions.write_attempt_s``,
+``read_attempt_s``). Writes return once W replicas acknowledged, chunk reads hedge to the
+next replica, creates hedge to the fifth acceptor, record reads answer as soon as the
+live acceptors' slots show the value chosen (``ring.paxos.chosen_value``) or else run a
+round once the silent acceptor has had its patience, and what the client stores stays
+intact.
 
 Real peers on the shared ring; the frozen peer is always resumed (SIGCONT) afterwards.
 """
@@ -18,11 +21,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from support import chunk_holders
+from support import MakeCluster, chunk_holders
 
 from ring import codec
 from ring.client import Client, ClientOptions
 from ring.client.options import BLOB_KEY_PREFIX
+from ring.client.proposer import Acceptors
 from ring.client.view import (
     HEDGE_DELAY_S_MAX,
     HEDGE_DELAY_S_MIN,
@@ -78,13 +82,26 @@ def key_on(view: RingView, peer_id: str, stem: str, prefix: str = "") -> str:
     raise AssertionError(f"no key of {stem} on {peer_id}")
 
 
-def data_on(view: RingView, peer_id: str, rng: random.Random) -> bytes:
-    """Bytes whose single chunk has ``peer_id`` among its replicas."""
+def data_on(view: RingView, peer_id: str, rng: random.Random, size: int = 50_000) -> bytes:
+    """``size`` bytes (one chunk) whose chunk has ``peer_id`` among its replicas."""
     for _attempt in range(1000):
-        data = rng.randbytes(50_000)
+        data = rng.randbytes(size)
         if replicated_on(view, codec.chunk_id(data), peer_id):
             return data
     raise AssertionError(f"no chunk on {peer_id}")
+
+
+def names_in_fast_quorum(view: RingView, peer_id: str, stem: str, count: int) -> list[str]:
+    """``count`` file names whose records' fast quorum (the acceptors a create asks)
+    includes ``peer_id``."""
+    names = []
+    for index in range(1000):
+        acceptors = Acceptors.of(view, f"{BLOB_KEY_PREFIX}{stem}-{index}")
+        if peer_id in [m.peer_id for m in acceptors.members[: acceptors.fast_quorum]]:
+            names.append(f"{stem}-{index}")
+            if len(names) == count:
+                return names
+    raise AssertionError(f"no {count} records of {stem} ask {peer_id} in a create")
 
 
 async def test_with_one_peer_frozen_puts_and_gets_return_within_the_bound(
@@ -134,6 +151,92 @@ async def test_with_one_peer_frozen_puts_and_gets_return_within_the_bound(
         assert await client.get_bytes(key_after) == after
         record = await client.get_record(record_key)
         assert record is not None and (record.version, record.value) == (written, b"two")
+
+
+FILE_BYTES = 4 * 1024 * 1024
+FILES = 3
+# Attempts that outlast any hedge by far (hedges and the patience of reads wait at most
+# HEDGE_DELAY_S_MAX): a call that waited for one to the frozen peer to time out leaves
+# the client believing the peer down. The member table is fetched once, before the
+# ring's failure detector can say the peer is down.
+PATIENT = ClientOptions(
+    write_attempt_s=30.0, read_attempt_s=30.0, ring_refresh_s=3600.0, close_wait_s=1.0
+)
+
+
+async def test_with_one_peer_frozen_creates_and_record_reads_never_wait_on_its_timeout(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: SIGSTOP one of 5 peers (R=3, W=2, records on all five): an acceptor in the
+    fast quorum (the four acceptors a create asks) of every file the test touches, and
+    the first replica of each new file's 4 MiB chunk. The files stored before the freeze
+    were created on four acceptors including it (the fifth gets a copy only from repair,
+    hourly on this ring), so the live acceptors' slots alone do not show them chosen.
+    Must hold, for a client whose attempts to a silent peer last 30 s and that still
+    believes the peer up: puts of new 4 MiB files and gets of the files stored before
+    each return the right bytes without any attempt to the frozen peer timing out (the
+    client never marks it down): each create's accept went to the fifth acceptor once the
+    frozen one was silent past the hedge delay, and each read ran a round once the
+    frozen acceptor was silent past its patience, instead of waiting for its slot."""
+    async with Client(ring.ring, ring.secret) as client:
+        view = await client.ring()
+        victim = rng.choice(view.ring.members)
+        before = names_in_fast_quorum(view, victim.peer_id, "frozen/before", FILES)
+        after = names_in_fast_quorum(view, victim.peer_id, "frozen/after", FILES)
+        stored = {name: rng.randbytes(FILE_BYTES) for name in before}
+        for name in after:
+            stored[name] = data_on(view, victim.peer_id, rng, FILE_BYTES)
+        for name in before:
+            await client.put_bytes(stored[name], name)
+
+    with frozen(ring, victim.peer_id):
+        async with Client(ring.ring, ring.secret, options=PATIENT) as client:
+            await client.ring()
+            for put_name, get_name in zip(after, before, strict=True):
+                await client.put_bytes(stored[put_name], put_name)
+                assert not client.view.is_down(victim), f"put {put_name} waited for it"
+                assert await client.get_bytes(get_name) == stored[get_name]
+                assert not client.view.is_down(victim), f"get {get_name} waited for it"
+            for name in after:
+                assert await client.get_bytes(name) == stored[name]
+            assert not client.view.is_down(victim)
+            stats = client.records.proposer.stats
+            assert (stats.fast_creates, stats.fast_hedges) == (FILES, FILES)
+
+    async with Client(ring.ring, ring.secret) as client:
+        for name, data in stored.items():
+            assert await client.get_bytes(name) == data
+
+
+async def test_in_a_ring_of_three_a_frozen_acceptor_costs_a_create_a_classic_round(
+    make_cluster: MakeCluster, rng: random.Random
+) -> None:
+    """Breaks: SIGSTOP one peer of a ring of three (R=3, W=2: every record on all three,
+    and a create's fast round needs all three, so there is no acceptor to hedge to).
+    Must hold, for a client whose attempts to a silent peer last 30 s and that still
+    believes the peer up: a put of a new file gives its fast round up once the frozen
+    acceptor was silent past the hedge delay, and a classic round of the two live ones
+    names the file; a get of a file stored before the freeze (two live slots at ballot 0
+    do not show it chosen) runs a round; neither waits for an attempt to time out, and
+    both files read back after the thaw."""
+    cluster = make_cluster(3, peer_flags=["--scrub-rate", "0", "--repair-interval", "3600"])
+    before, after = rng.randbytes(50_000), rng.randbytes(50_000)
+    async with Client(cluster.ring, cluster.secret) as client:
+        victim = rng.choice((await client.ring()).ring.members)
+        await client.put_bytes(before, "three/before")
+
+    with frozen(cluster, victim.peer_id):
+        async with Client(cluster.ring, cluster.secret, options=PATIENT) as client:
+            await client.put_bytes(after, "three/after")
+            assert not client.view.is_down(victim)
+            assert await client.get_bytes("three/before") == before
+            assert not client.view.is_down(victim)
+            stats = client.records.proposer.stats
+            assert (stats.fast_creates, stats.fast_abandoned) == (0, 1)
+
+    async with Client(cluster.ring, cluster.secret) as client:
+        assert await client.get_bytes("three/before") == before
+        assert await client.get_bytes("three/after") == after
 
 
 def test_hedge_delay_is_the_p95_of_recent_latencies_within_its_bounds() -> None:
@@ -241,3 +344,70 @@ async def test_a_write_fan_out_returns_at_quorum_and_tracks_the_rest() -> None:
     await view.aclose()
     assert view.background_lanes() == 0
     assert sorted(peer for _member, peer in result.answers) == ["p1", "p2", "p3"]
+
+
+async def test_a_fan_out_hedges_a_silent_lane_with_the_next_candidate() -> None:
+    """Breaks: one of the three peers a fan-out asks first never answers (a fast round's
+    acceptor). Must hold: after the hedge delay the fourth candidate is asked beside it,
+    standing in for it; the fan-out returns with three answers and hands the silent
+    lane to the background, and only one hedge is started."""
+    members = [Member(f"p{index}", f"{index}:1") for index in range(1, 6)]
+    release = asyncio.Event()
+    asked: list[tuple[str, str | None]] = []
+    view = RingTracker(("a:1",), Transport("x" * 32), ClientOptions(), time.monotonic)
+
+    async def accept(member: Member, stand_in_for: Member | None) -> bool:
+        asked.append((member.peer_id, stand_in_for and stand_in_for.peer_id))
+        if member.peer_id == "p2":
+            await release.wait()
+        return True
+
+    result = await asyncio.wait_for(
+        view.fan_out(
+            members,
+            3,
+            accept,
+            early=Early(lambda answers, _running: len(answers) >= 3, 0.0, background=True),
+            hedge_s=0.01,
+        ),
+        timeout=5,
+    )
+    assert sorted(member.peer_id for member, _ok in result.answers) == ["p1", "p3", "p4"]
+    assert ("p4", "p2") in asked and len(asked) == 4
+    assert (result.hedged, result.unfinished) == (1, 1)
+    release.set()
+    await view.aclose()
+
+
+async def test_a_fan_out_whose_answers_will_do_waits_for_a_silent_lane_only_its_patience() -> None:
+    """Breaks: one of three strictly asked peers never answers, and the two others'
+    answers never make ``enough`` hold (a record read whose slots disagree). Must hold:
+    once ``will_do`` holds, the silent lane gets ``patience_s`` and the fan-out returns
+    with the two answers (it would otherwise wait for the attempt timeout)."""
+    members = [Member("p1", "a:1"), Member("p2", "b:1"), Member("p3", "c:1")]
+    view = RingTracker(("a:1",), Transport("x" * 32), ClientOptions(), time.monotonic)
+
+    async def read(member: Member, _stand_in_for: Member | None) -> str:
+        if member.peer_id == "p1":
+            await asyncio.Event().wait()
+        return member.peer_id
+
+    result = await asyncio.wait_for(
+        view.fan_out(
+            members,
+            3,
+            read,
+            strict=True,
+            early=Early(
+                lambda _answers, _running: False,
+                0.0,
+                background=False,
+                will_do=lambda answers, _running: len(answers) >= 2,
+                patience_s=0.01,
+            ),
+            attempt_s=60.0,
+        ),
+        timeout=5,
+    )
+    assert sorted(answer for _member, answer in result.answers) == ["p2", "p3"]
+    assert result.unfinished == 1 and not view.is_down(members[0])

@@ -11,9 +11,10 @@ set of a version wins, and the others fail with ``RecordConflict``.
 
 One round trip per replica in the common cases: a create may try the fast round first
 (sent to a fast quorum of the acceptors, 4 of 5, each of which must accept; the last
-acceptor is asked only in place of one that fails, and repair copies the value to it
-later), and a writer that holds the promise of its next ballot on a key
-(``_Held``, given with its last accept) skips the prepare for its next change there.
+acceptor is asked only in place of one that fails or stays silent past the hedge
+delay, and repair copies the value to it later), and a writer that holds the promise
+of its next ballot on a key (``_Held``, given with its last accept) skips the prepare
+for its next change there.
 Reads that find the value chosen need no round at all (``ring.client.records``).
 """
 
@@ -107,6 +108,10 @@ class RoundStats:
     fast_creates: int = 0
     held_writes: int = 0
     preempted: int = 0
+    # Fast rounds that asked the acceptor left out beside one silent past the hedge
+    # delay, and those given up on for a classic round where no acceptor was left out.
+    fast_hedges: int = 0
+    fast_abandoned: int = 0
     rounds_histogram: dict[int, int] = field(default_factory=dict)
 
     def count(self, rounds: int) -> None:
@@ -240,6 +245,12 @@ class Proposer:
             chosen = paxos.chosen_value(slots, acceptors.replication, acceptors.write_quorum)
             return chosen is not None
 
+        def will_do(answers: Sequence[tuple[Member, Slot]], _running: int) -> bool:
+            # Enough for a round: when the others stay silent past the patience (a
+            # frozen acceptor whose slot might have shown the value chosen), the caller
+            # runs one instead of waiting out the attempt.
+            return len(answers) >= acceptors.promise_quorum
+
         result = await self._view.fan_out(
             acceptors.members,
             acceptors.replication,
@@ -247,7 +258,13 @@ class Proposer:
             strict=True,
             # Stragglers finish in the background: a cancelled request costs its
             # connection (over TLS, a new handshake for the next round).
-            early=Early(enough, grace_s=0.0, background=True),
+            early=Early(
+                enough,
+                grace_s=0.0,
+                background=True,
+                will_do=will_do,
+                patience_s=self.read_latency.delay_s(),
+            ),
             attempt_s=self._view.options.read_attempt_s,
             latency=self.read_latency,
         )
@@ -414,10 +431,10 @@ class Proposer:
     ) -> bool:
         """Whether ``value`` was chosen at ``ballot``: accepted by W acceptors, or by a
         fast quorum at ballot 0. The fast round asks only a fast quorum of them (the
-        others stand in for one that fails): every one must accept, and asking the rest
-        would only cost their work. With ``hold``, each accept also promises this
-        proposer's next ballot, which it keeps for the next change when enough acceptors
-        gave it."""
+        others stand in for one that fails or is silent past the hedge delay): every one
+        must accept, and asking the rest would only cost their work. With ``hold``, each
+        accept also promises this proposer's next ballot, which it keeps for the next
+        change when enough acceptors gave it."""
         fast = ballot == FAST
         needed = acceptors.fast_quorum if fast else acceptors.write_quorum
         holding = max(acceptors.write_quorum, acceptors.promise_quorum)
@@ -440,17 +457,34 @@ class Proposer:
             # whether its value can still be chosen (``fast_refused`` below).
             return running == 0 if fast else acks + running < needed
 
+        # The fast round's lanes move on to the acceptors it did not ask first, and one
+        # silent past the hedge delay has the next of those asked beside it; where there
+        # is none (groups of three or fewer: every acceptor is in the fast quorum), the
+        # round is given up on after that delay and a classic round, which needs only a
+        # majority, decides (``run``).
+        delay_s = self.accept_latency.delay_s()
+        spare = fast and acceptors.replication > needed
         result = await self._view.fan_out(
             acceptors.members,
             needed if fast else acceptors.replication,
             lambda member, _hint: self._accept_at(member, key, ballot, body, acceptors, next_wire),
-            # The fast round's lanes move on to the acceptors it did not ask first.
             strict=not fast,
-            early=Early(settled, grace_s=0.0, background=True),
+            early=Early(
+                settled,
+                grace_s=0.0,
+                background=True,
+                will_do=_anything if fast and not spare else None,
+                patience_s=delay_s,
+            ),
             attempt_s=self._view.options.write_attempt_s,
             latency=self.accept_latency,
+            hedge_s=delay_s if spare else None,
         )
         acks = sum(1 for _m, answer in result.answers if answer is True)
+        if result.hedged:
+            self.stats.fast_hedges += 1
+        elif fast and result.unfinished and acks < needed:
+            self.stats.fast_abandoned += 1
         refusals = [answer for _m, answer in result.answers if isinstance(answer, Preempted)]
         if acks >= needed:
             if hold and following is not None and acks >= holding:
@@ -490,6 +524,11 @@ class Proposer:
     def forget(self, key: str) -> None:
         """Drop the promise held on ``key`` (its value may have changed elsewhere)."""
         self._held.pop(key, None)
+
+
+def _anything(_answers: Sequence[tuple[Member, object]], _running: int) -> bool:
+    """Any answers will do (once the patience ran out, the caller goes on without)."""
+    return True
 
 
 def _refusal(body: bytes) -> Preempted:

@@ -13,7 +13,12 @@ replicas acknowledged, a read once enough replicas answered, each after a short 
 for the others, measured (``LatencyWindow``: the p95 of recent answers, clamped). Write
 lanes still running then finish in the background, at most ``background_lanes_max`` of
 them, each attempt bounded by ``write_attempt_s`` (then a stand-in with a hint takes
-over), and ``aclose`` awaits them; read lanes still running are cancelled.
+over), and ``aclose`` awaits them; read lanes still running are cancelled. Where every
+asked peer must answer (a create's fast round), a lane silent past the same measured
+delay is hedged: the next candidate is asked beside it. Where answers that will do may
+still be bettered by a silent peer's (a record read whose slots do not show the value
+chosen yet), the silent ones get that delay as patience, and the caller goes on without
+them (it runs a round). So a frozen peer costs a call at most ``HEDGE_DELAY_S_MAX``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -365,6 +370,7 @@ class RingTracker:
         early: Early[T] | None = None,
         attempt_s: float | None = None,
         latency: LatencyWindow | None = None,
+        hedge_s: float | None = None,
     ) -> FanOut[T]:
         """Run ``op`` on the first ``count`` candidates at once. A lane whose peer is
         known down, or fails (PeerError), or does not answer within ``attempt_s``, moves
@@ -375,44 +381,29 @@ class RingTracker:
         Without ``early``, every lane is awaited. With it, the fan-out returns once
         ``early.enough`` holds and the lanes still running have had ``early.grace_s``:
         those are then handed to the background (``early.background``) or cancelled.
-        ``latency`` hears how long each answer took."""
+        ``latency`` hears how long each answer took.
+
+        With ``hedge_s`` (not with ``strict``), lanes still running that long without
+        ``early.enough`` each get a second lane on the next unused candidate, which
+        stands in for the silent peer while its own request goes on (``hedged``)."""
         preferred = list(candidates[:count])
         last_resort = [member for member in preferred if self.is_down(member)]
         spares = iter(self.live_first(candidates[count:]) + last_resort)
         if strict:
-            last_resort, spares = [], iter(())
+            spares = iter(())
         result: FanOut[T] = FanOut()
+        lanes = _Lanes(self, op, spares, attempt_s, latency, result)
 
-        async def lane(original: Member) -> None:
-            member: Member | None = original
-            if self.is_down(original) and not strict:
-                member = next(spares, None)
-            while member is not None:
-                limit_s = self.probe_limit_s(member)
-                limit_s = attempt_s if limit_s is None else limit_s
-                try:
-                    stand_in_for = None if member is original else original
-                    started = self._clock()
-                    async with asyncio.timeout(limit_s):
-                        answer = await op(member, stand_in_for)
-                    if latency is not None:
-                        latency.add(self._clock() - started)
-                    result.answers.append((member, answer))
-                    return
-                except TimeoutError:
-                    result.causes.append(f"{member.address}: no answer within {limit_s} s")
-                    self.mark_down(member)
-                except PeerError as exc:
-                    result.causes.append(str(exc))
-                    if isinstance(exc, PeerUnavailable):
-                        self.mark_down(member)
-                member = next(spares, None)
+        def first_peer(member: Member) -> Member | None:
+            return next(spares, None) if self.is_down(member) and not strict else member
 
-        lanes = [asyncio.create_task(lane(member)) for member in preferred]
+        first = {lanes.start(member, first_peer(member)) for member in preferred}
         try:
-            running = await self._await_lanes(lanes, result, early)
+            running = await self._await_lanes(
+                first, result, early, None if strict else hedge_s, lanes.hedge
+            )
         except BaseException:
-            await _cancel_all(lanes)
+            await _cancel_all(lanes.tasks)
             raise
         result.unfinished = len(running)
         if running and early is not None and early.background:
@@ -422,18 +413,40 @@ class RingTracker:
         return result
 
     async def _await_lanes(
-        self, lanes: list[asyncio.Task[None]], result: FanOut[T], early: Early[T] | None
+        self,
+        running: set[asyncio.Task[None]],
+        result: FanOut[T],
+        early: Early[T] | None,
+        hedge_s: float | None,
+        hedge: Callable[[set[asyncio.Task[None]]], set[asyncio.Task[None]]],
     ) -> set[asyncio.Task[None]]:
         """Wait until every lane ended, or ``early`` says the answers are enough and the
-        grace has passed; the lanes still running. A lane's unexpected error is raised."""
-        running = set(lanes)
+        grace has passed, or they will do and its patience ran out; the lanes still
+        running. Once ``hedge_s`` passed, ``hedge`` adds lanes for the silent ones. A
+        lane's unexpected error is raised."""
+        hedge_at = None if hedge_s is None else self._clock() + hedge_s
+        patience_ends: float | None = None
         while running:
             if early is not None and early.enough(result.answers, len(running)):
                 if early.grace_s > 0:
                     done, running = await asyncio.wait(running, timeout=early.grace_s)
                     _raise_unexpected(done)
                 break
-            done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            now = self._clock()
+            patience_s = None if patience_ends is not None else _patience_s(early, result, running)
+            if patience_s is not None:
+                patience_ends = now + patience_s
+            if patience_ends is not None and now >= patience_ends:
+                break
+            if hedge_at is not None and now >= hedge_at:
+                hedge_at = None
+                running |= hedge(running)
+            wake = [at for at in (hedge_at, patience_ends) if at is not None]
+            done, running = await asyncio.wait(
+                running,
+                timeout=max(0.0, min(wake) - now) if wake else None,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             _raise_unexpected(done)
         return running
 
@@ -473,6 +486,84 @@ class RingTracker:
             await _cancel_all(running)
 
 
+class _Lanes(Generic[T]):
+    """The lanes of one fan-out. A lane asks one peer, then, if that peer is silent past
+    ``attempt_s`` or fails, the next unused candidate (``spares``), and passes ``op`` the
+    preferred peer it stands in for. A hedge starts a second lane for a silent one."""
+
+    def __init__(
+        self,
+        tracker: RingTracker,
+        op: Callable[[Member, Member | None], Awaitable[T]],
+        spares: Iterator[Member],
+        attempt_s: float | None,
+        latency: LatencyWindow | None,
+        result: FanOut[T],
+    ) -> None:
+        self._tracker = tracker
+        self._op = op
+        self._spares = spares
+        self._attempt_s = attempt_s
+        self._latency = latency
+        self._result = result
+        # Every lane started, by the preferred peer it answers for, in order.
+        self.tasks: dict[asyncio.Task[None], Member] = {}
+        self._first: list[asyncio.Task[None]] = []
+
+    def start(
+        self, original: Member, first: Member | None, *, hedge: bool = False
+    ) -> asyncio.Task[None]:
+        """A lane for ``original`` that asks ``first`` first (a spare for a hedge)."""
+        task = asyncio.create_task(self._lane(original, first))
+        self.tasks[task] = original
+        if not hedge:
+            self._first.append(task)
+        return task
+
+    def hedge(self, running: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+        """A lane on the next unused candidate beside each first lane still running, in
+        preference order, while candidates are left."""
+        hedges = set()
+        for task in self._first:
+            spare = next(self._spares, None) if task in running else None
+            if spare is not None:
+                hedges.add(self.start(self.tasks[task], spare, hedge=True))
+        self._result.hedged += len(hedges)
+        return hedges
+
+    async def _lane(self, original: Member, member: Member | None) -> None:
+        tracker, result = self._tracker, self._result
+        while member is not None:
+            limit_s = tracker.probe_limit_s(member)
+            limit_s = self._attempt_s if limit_s is None else limit_s
+            try:
+                stand_in_for = None if member is original else original
+                started = tracker.clock()
+                async with asyncio.timeout(limit_s):
+                    answer = await self._op(member, stand_in_for)
+                if self._latency is not None:
+                    self._latency.add(tracker.clock() - started)
+                result.answers.append((member, answer))
+                return
+            except TimeoutError:
+                result.causes.append(f"{member.address}: no answer within {limit_s} s")
+                tracker.mark_down(member)
+            except PeerError as exc:
+                result.causes.append(str(exc))
+                if isinstance(exc, PeerUnavailable):
+                    tracker.mark_down(member)
+            member = next(self._spares, None)
+
+
+def _patience_s(
+    early: Early[T] | None, result: FanOut[T], running: set[asyncio.Task[None]]
+) -> float | None:
+    """The patience the lanes still running get, once ``early.will_do`` holds; else None."""
+    if early is None or early.will_do is None or not early.will_do(result.answers, len(running)):
+        return None
+    return early.patience_s
+
+
 @dataclass(slots=True)
 class FanOut(Generic[T]):
     """What a fan-out gathered: the answers (who gave each), why peers failed, and how
@@ -481,6 +572,8 @@ class FanOut(Generic[T]):
     answers: list[tuple[Member, T]] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)
     unfinished: int = 0
+    # Lanes started on a spare candidate because a lane was silent past ``hedge_s``.
+    hedged: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,11 +582,18 @@ class Early(Generic[T]):
     lanes_running)`` holds, lanes still running get ``grace_s`` more, then go to the
     background (``background``: bounded and awaited on close; record rounds and writes,
     whose requests are small and sent already: cancelling one costs its connection, and
-    over TLS a new handshake) or are cancelled."""
+    over TLS a new handshake) or are cancelled.
+
+    ``will_do``, when given, names answers that will do if ``enough`` does not come:
+    once it holds, the lanes still running get ``patience_s`` to make ``enough`` hold,
+    and then the fan-out returns with what it has (a record read whose answers do not
+    show the value chosen runs a round rather than wait for a silent acceptor's slot)."""
 
     enough: Callable[[Sequence[tuple[Member, T]], int], bool]
     grace_s: float
     background: bool
+    will_do: Callable[[Sequence[tuple[Member, T]], int], bool] | None = None
+    patience_s: float = 0.0
 
 
 class LatencyWindow:
