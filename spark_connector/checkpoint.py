@@ -225,7 +225,8 @@ def read_cut(
         if not batches:
             raise CheckpointError(f"{root}: no committed batch")
         batch_id = batches[-1]
-    zips = parsed.snapshot_zips(batch_id)
+    partitions, source_log_ends = read_offsets(root, batch_id)
+    zips = parsed.snapshot_zips(batch_id, partitions)
     # Entries stat-ed so far (the zips, when cached), reused for the cut's files.
     listed: dict[str, FileEntry] = {}
     if zip_cache is None:
@@ -242,7 +243,6 @@ def read_cut(
         for path in set(zip_cache) - set(zips):
             del zip_cache[path]
         references = {path: zip_cache[path][1] for path in zips}
-    partitions, source_log_ends = read_offsets(root, batch_id)
     named = parsed.cut(batch_id, references, partitions, source_log_ends, sizes_listed=False)
     files = tuple(listed.get(entry.path) or _stat(root, entry.path) for entry in named.files)
     by_path = {entry.path: entry for entry in files}

@@ -140,6 +140,21 @@ class _StateListing:
     # Store names per operator that a schema file under a partition declares ('' = default).
     declared: dict[str, set[str]] = field(default_factory=dict)
 
+    def within(self, state_partitions: int | None) -> _StateListing:
+        """This listing without the stores of partitions ``state_partitions`` and above:
+        a checkpoint rescaled down keeps the folders of the partitions it no longer has
+        (Spark's repartition leaves them), and no batch from then on reads them."""
+        if state_partitions is None:
+            return self
+        stores = {
+            store_dir: store
+            for store_dir, store in self.stores.items()
+            if int(store_dir.split("/")[2]) < state_partitions
+        }
+        if len(stores) == len(self.stores):
+            return self
+        return _StateListing(self.metadata, stores, self.declared)
+
 
 def committed_batches(entries: Iterable[FileEntry]) -> list[int]:
     """Batch ids with both ``commits/N`` and ``offsets/N`` in the listing, ascending."""
@@ -178,7 +193,9 @@ def cut_for_batch(
     checkpoint root, sizes as recorded by Spark). Without it, every SST and log file of the
     store is taken. ``state_partitions`` (``spark.sql.shuffle.partitions`` of the offset
     log, see ``read_offsets``) lets the cut notice that the highest partitions are
-    gone altogether; without it only holes below the highest partition are noticed.
+    gone altogether, and leaves out the partitions at or above it (a checkpoint
+    rescaled down keeps their folders; no later batch reads them); without it only holes
+    below the highest partition are noticed.
     ``source_log_ends`` maps a file source's index to the ``logOffset`` that
     ``offsets/<batch_id>`` records for it (see ``read_offsets``): entries the source logged
     for batches planned after that one are left out, so a restarted query plans its next
@@ -211,9 +228,9 @@ class ParsedListing:
         """``committed_batches`` of this listing."""
         return _committed(self.visible)
 
-    def snapshot_zips(self, batch_id: int) -> list[str]:
+    def snapshot_zips(self, batch_id: int, state_partitions: int | None = None) -> list[str]:
         """``snapshot_zips`` of this listing."""
-        return _snapshot_zips(self.state, batch_id)
+        return _snapshot_zips(self.state.within(state_partitions), batch_id)
 
     def cut(
         self,
@@ -246,7 +263,8 @@ def _cut(
 ) -> Cut:
     """``cut_for_batch`` on a parsed listing; ``sizes_listed=False``: the entries carry
     no sizes yet, so the SST sizes are not checked against the references here."""
-    visible, by_path, state = parsed.visible, parsed.by_path, parsed.state
+    visible, by_path = parsed.visible, parsed.by_path
+    state = parsed.state.within(state_partitions)
     state_version = batch_id + 1
     needed = ["metadata", f"offsets/{batch_id}", f"commits/{batch_id}"]
     missing = [path for path in needed if path not in by_path]
@@ -301,13 +319,16 @@ def _source_files(visible: Sequence[FileEntry], ends: Mapping[int, int]) -> list
     return [entry for entry in files if entry.path not in dropped]
 
 
-def snapshot_zips(entries: Iterable[FileEntry], batch_id: int) -> list[str]:
-    """Paths of the RocksDB ``<v>.zip`` files the cut of ``batch_id`` builds on.
+def snapshot_zips(
+    entries: Iterable[FileEntry], batch_id: int, state_partitions: int | None = None
+) -> list[str]:
+    """Paths of the RocksDB ``<v>.zip`` files the cut of ``batch_id`` builds on (in the
+    partitions below ``state_partitions`` when given, as ``cut_for_batch``).
 
     The edge reads their SST lists (``read_sst_references``) and passes them back to
     ``cut_for_batch``; HDFS-backed stores contribute nothing here.
     """
-    return _snapshot_zips(ParsedListing.of(entries).state, batch_id)
+    return ParsedListing.of(entries).snapshot_zips(batch_id, state_partitions)
 
 
 def _snapshot_zips(state: _StateListing, batch_id: int) -> list[str]:

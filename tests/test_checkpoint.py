@@ -373,8 +373,27 @@ def test_missing_highest_partitions_raise_when_the_partition_count_is_known() ->
         CheckpointError, match=r"expected partitions 0-3; no state files for \[2, 3\]"
     ):
         cut_for_batch(entries, 0, state_partitions=4)
-    with pytest.raises(CheckpointError, match=r"unexpected \[1\]"):
-        cut_for_batch(entries, 0, state_partitions=1)
+    # Fewer partitions than folders: a checkpoint rescaled down, whose batches from then
+    # on read only the partitions below the count.
+    assert paths(cut_for_batch(entries, 0, state_partitions=1), "state/") == ["state/0/0/1.delta"]
+
+
+def test_a_checkpoint_rescaled_down_is_cut_without_the_partitions_it_left_behind() -> None:
+    """Spark's repartition from 4 to 2 partitions at batch 2 writes version 3 of
+    partitions 0 and 1 (here zips) and leaves partitions 2 and 3 at version 2: the cut
+    of batch 2 and every later one holds partitions 0 and 1 only."""
+    old = [f"state/0/{p}/{v}.changelog" for p in range(4) for v in (1, 2)]
+    new = ["state/0/0/3.zip", "state/0/1/3.zip", "state/0/0/4.changelog", "state/0/1/4.changelog"]
+    entries = listing(*query_files(0, 1, 2, 3), *old, *new)
+    with pytest.raises(CheckpointError, match="state/0/2: cannot rebuild state version 3"):
+        cut_for_batch(entries, 2)  # the count unknown: every folder is a partition
+    assert snapshot_zips(entries, 3, state_partitions=2) == ["state/0/0/3.zip", "state/0/1/3.zip"]
+    cut = cut_for_batch(entries, 3, state_partitions=2)
+    assert paths(cut, "state/") == [
+        "state/0/0/3.zip", "state/0/0/4.changelog", "state/0/1/3.zip", "state/0/1/4.changelog",
+    ]  # fmt: skip
+    # Before the rescale, at 4 partitions, the older batches still cut whole.
+    assert len(paths(cut_for_batch(entries, 1, state_partitions=4), "state/")) == 8
 
 
 def test_partitions_with_different_stores_raise() -> None:
