@@ -15,7 +15,6 @@ from typing import Any
 from connector_probes import (
     Bench,
     RecordingSync,
-    RegisteredQuery,
     listing,
     ring_stored_bytes,
     step_figures,
@@ -203,7 +202,7 @@ def measure_overhead(bench: Bench, provider: str) -> dict[str, Any]:
                 checkpoint = side_sync.checkpoint_dir
             query = start_events_query(spark, input_dir, checkpoint, f"{name}-{label}")
             sides.append(Side(label, query, input_dir, checkpoint, side_sync))
-        sync.register(RegisteredQuery(sides[0].query, spark))
+        sync.register(sides[0].query, spark)
         stored_before = ring_stored_bytes(bench.client)
         run_sides(bench, sides[0], sides[1])
         steps = upload_steps(sides[0], bench, bench.settings.upload_batches)

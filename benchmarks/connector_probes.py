@@ -101,22 +101,6 @@ class RecordingSync(StateSync):
         return time.perf_counter() - started
 
 
-@dataclass(frozen=True, slots=True)
-class RegisteredQuery:
-    """A query as ``StateSync.register`` reads it: its id, and its session.
-
-    PySpark's classic ``StreamingQuery`` has no ``sparkSession`` attribute (Scala's has),
-    and ``register(query)`` read ``query.sparkSession`` (AttributeError on Spark 4.3).
-    This works with that ``register`` and with one that takes the session separately."""
-
-    query: Any
-    sparkSession: Any  # the attribute name register() reads
-
-    @property
-    def id(self) -> str:
-        return str(self.query.id)
-
-
 def ring_stored_bytes(client: SyncClient) -> int:
     """Chunk bytes on all peers (every replica, stored compressed)."""
     status = client.status()

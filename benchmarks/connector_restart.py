@@ -21,7 +21,6 @@ from typing import Any
 from connector_probes import (
     Bench,
     RecordingSync,
-    RegisteredQuery,
     cut_state_bytes,
     listing,
     ring_stored_bytes,
@@ -53,7 +52,7 @@ def build_state(bench: Bench, input_dir: Path, checkpoint: Path) -> dict[str, An
     listed: Listing = {}  # the query's own first files count as the first batch's
     started = time.perf_counter()
     try:
-        sync.register(RegisteredQuery(query, bench.spark))
+        sync.register(query, bench.spark)
         stored_before = ring_stored_bytes(bench.client)
         while state_bytes < target_bytes:
             index = len(steps)

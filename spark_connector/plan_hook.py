@@ -16,10 +16,18 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ring.errors import ConfigError
+from ring.errors import ConfigError, SR3Error
 from spark_connector.jar import JAR_CLASSES, fs_jar
 
-__all__ = ["MANAGER_CONF", "PlanHook", "check_session", "hook_plans", "local_conf", "unhook_plans"]
+__all__ = [
+    "MANAGER_CONF",
+    "PlanCancelled",
+    "PlanHook",
+    "check_session",
+    "hook_plans",
+    "local_conf",
+    "unhook_plans",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,12 @@ def local_conf() -> dict[str, str]:
     Spark's own manager for every path and only reads the hooked checkpoints' offset log
     entries on their way to the disk."""
     return {"spark.jars": str(fs_jar()), MANAGER_CONF: MANAGER}
+
+
+class PlanCancelled(SR3Error):
+    """A plan given up because its query is stopping: the JVM's ``Sr3Plans`` finds this
+    name in py4j's message and tells Spark the batch was interrupted by the stop (a stop,
+    not a failure of the query)."""
 
 
 class PlanHook:

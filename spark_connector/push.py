@@ -71,6 +71,8 @@ KEEP_BATCHES_DEFAULT = 3
 # A pusher reuses the chunks of its last manifest without reading it back for this long
 # (well below the peers' GC grace, default 3600 s).
 RECHECK_S_DEFAULT = 60.0
+# How often a wait for a push asks whether it is still wanted (a plan whose query stops).
+CANCEL_CHECK_S = 0.5
 
 LAG_GAUGE = Gauge(
     "sr3_connector_lag_batches", "Committed batches not yet pushed to the ring.", ["query"]
@@ -424,10 +426,14 @@ class PushWorker:
         batch."""
         self.wait_pushed(self._newest_committed - max_lag_batches, timeout_s)
 
-    def wait_pushed(self, batch_id: int, timeout_s: float) -> None:
+    def wait_pushed(
+        self, batch_id: int, timeout_s: float, cancelled: Callable[[], None] | None = None
+    ) -> None:
         """Wait until batch ``batch_id`` (or a newer one) is on the ring, pushing it if
         it committed and is not (a batch given up on is tried again). ``SR3Error`` when
-        ``timeout_s`` passed first; ``Fenced`` at once when pushing stopped so."""
+        ``timeout_s`` passed first or when the worker closes; ``Fenced`` at once when
+        pushing stopped so. ``cancelled()``, asked every ``CANCEL_CHECK_S``, raises to end
+        the wait early (the wait's owner no longer wants it)."""
         deadline = self._clock() + timeout_s
         with self._changed:
             if batch_id > self._newest_pushed:
@@ -438,6 +444,8 @@ class PushWorker:
             while self._newest_pushed < batch_id:
                 if self._stopped is not None:
                     raise self._stopped
+                if self._closing:
+                    raise SR3Error(f"pushing of query {self.query} stopped: closed")
                 left = deadline - self._clock()
                 if left <= 0 or self._thread is None:
                     raise SR3Error(
@@ -445,4 +453,11 @@ class PushWorker:
                         f"{timeout_s:.0f} s (pushed: {self._newest_pushed}; last error: "
                         f"{self.last_error})"
                     )
+                if cancelled is not None:
+                    self._changed.release()  # a py4j call, maybe: not under the lock
+                    try:
+                        cancelled()
+                    finally:
+                        self._changed.acquire()
+                    left = min(left, CANCEL_CHECK_S)
                 self._changed.wait(left)

@@ -48,7 +48,7 @@ from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import forget, latest_batch, query_batches, ring_queries
 from spark_connector.lease import QueryLease
 from spark_connector.manifest import Manifest, check_query_name
-from spark_connector.plan_hook import PlanHook, hook_plans, unhook_plans
+from spark_connector.plan_hook import PlanCancelled, PlanHook, hook_plans, unhook_plans
 from spark_connector.plans import PlacedPlan, PlanWriter, place_plan
 from spark_connector.push import (
     KEEP_BATCHES_DEFAULT,
@@ -139,6 +139,9 @@ class StateSync:
         # The session whose offset log entries of this checkpoint are hooked (attach).
         self._hooked: Any = None
         self._hook: PlanHook | None = None
+        # The query whose batches are planned here (start_query, register): a plan
+        # waiting for a push gives up once it stops.
+        self._query: Any = None
         # What the last restore() laid down of the next batch's plan, if anything.
         self.last_plan: PlacedPlan | None = None
         # The worker calls self.push: what a subclass adds to a push holds for its pushes.
@@ -248,9 +251,16 @@ class StateSync:
             )  # fmt: skip
         elif not self._worker.started:
             self.start()
+        self._query = query
         self._spark_streams = spark.streams
         self._listener = make_listener(str(query.id), self.committed)
         self._spark_streams.addListener(self._listener)
+
+    def _query_stopped(self) -> None:
+        """``PlanCancelled`` once the query whose plan waits is stopping."""
+        query = self._query
+        if query is not None and not query.isActive:
+            raise PlanCancelled(f"query {self.query} is stopping: its next batch does not run")
 
     @staticmethod
     def _spark(spark: Any) -> Any:
@@ -274,8 +284,10 @@ class StateSync:
                         f"{batch_id - 1} committed (asynchronous progress tracking): StateSync "
                         "cannot keep such a query's plans on the ring"
                     )
-                self._worker.wait_pushed(batch_id - 1, self.plan_wait_s)
+                self._worker.wait_pushed(batch_id - 1, self.plan_wait_s, self._query_stopped)
             self._planner.write(batch_id, offsets)
+        except PlanCancelled:
+            raise
         except SR3Error as exc:
             log.error(
                 "sr3: batch %d of query %s does not run: its plan is not on the ring: %s",

@@ -234,20 +234,25 @@ def test_spark_standby_drives_the_demo_query_to_a_batch(
         "--output", str(tmp_path / "out"), "--until-batch", "1", "--run-max", "5m",
         "--holder", "cli-test:1", "--events", str(events), "--metrics-port", str(port),
     ]  # fmt: skip
-    process = subprocess.Popen(
-        command, env=_env(ring), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    # Output to files, not pipes: a pipe nobody reads until the end fills up (64 KiB of
+    # Spark's log) and stalls the application's JVM in the middle of a write.
+    out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with out_path.open("w") as out_file, err_path.open("w") as err_file:
+        process = subprocess.Popen(
+            command, env=_env(ring), stdout=out_file, stderr=err_file, text=True
+        )
     held_seen = False
     try:
         deadline = time.monotonic() + 240
         while process.poll() is None and time.monotonic() < deadline:
             held_seen = held_seen or f'sr3_lease_held{{query="{query}"}} 1.0' in _scrape(port)
             time.sleep(0.2)
-        stdout, stderr = process.communicate(timeout=60)
+        process.wait(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+    stdout, stderr = out_path.read_text(), err_path.read_text()
     assert process.returncode == 0, (stdout, stderr[-4000:])
     assert f"events in {events}" in stdout, stdout
     assert held_seen, "sr3_lease_held was never 1 on the metrics port"

@@ -229,3 +229,45 @@ def test_only_ascii_digits_name_a_batch() -> None:
     names = ("\u00b2", "\u0665", "7", "12", "7.tmp")
     entries = [Stat(f"/spark/q/commits/{name}", "file", 1, 0, 1) for name in names]
     assert _batch_numbers(entries) == [7, 12]
+
+
+@pytest.mark.slow
+def test_a_query_stopped_while_its_plan_waits_for_a_push_stops_cleanly(
+    spark: Any, ring: LocalCluster, tmp_path: Path
+) -> None:
+    """Breaks: the push of batch 0 hangs (a ring that does not answer), so the plan of
+    batch 1 waits for it, and the application stops the query meanwhile. Must hold:
+    ``stop()`` returns while the push still hangs (the plan gives up its wait), and the
+    query ends as stopped, not failed; batch 1 never ran."""
+    import threading
+
+    _hdfs_provider(spark)
+    query_name = f"plans-stop-{time.monotonic_ns() % 10**9}"
+    input_dir, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    output: Rows = {}
+    write_rows(input_dir, 0, 2)
+    release = threading.Event()
+    sync = StateSync(ring.ring, query_name, checkpoint, ring.secret)
+    real_push = sync._pusher.push
+
+    def hanging_push(batch_id: int | None = None) -> Any:
+        release.wait(WAIT_S)
+        return real_push(batch_id)
+
+    sync._pusher.push = hanging_push  # type: ignore[method-assign]
+    try:
+        query = sync.start_query(writer(spark, input_dir, output), spark)
+        wait_until(lambda: 0 in output, "batch 0", WAIT_S)
+        write_rows(input_dir, 1, 3)  # batch 1 is planned: its plan waits for batch 0's push
+        wait_until(lambda: sync._worker.lag_batches > 0, "the push of batch 0 hanging", WAIT_S)
+        stopped = threading.Event()
+        stopper = threading.Thread(target=lambda: (query.stop(), stopped.set()))
+        stopper.start()
+        assert stopped.wait(WAIT_S), "stop() did not return while the plan waited"
+        assert not release.is_set()
+        assert query.exception() is None, query.exception()
+        assert 1 not in output
+        stopper.join()
+    finally:
+        release.set()
+        sync.close()

@@ -2,7 +2,9 @@ package sr3.hadoop;
 
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
+import java.io.InterruptedIOException;
 import java.io.OutputStream;
+import java.nio.channels.ClosedByInterruptException;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import org.apache.hadoop.fs.Path;
@@ -29,6 +31,8 @@ public final class Sr3Plans {
   /** An offset log entry is a few hundred bytes per source; this is far above any. */
   static final int OFFSETS_BYTES_MAX = 16 * 1024 * 1024;
   static final int CHECKPOINT_CHARS_MAX = 4096;
+  /** The name of the Python exception a hook raises when its query is stopping. */
+  static final String CANCELLED = "PlanCancelled";
 
   private static final Map<String, Sr3PlanHook> HOOKS = new ConcurrentHashMap<>();
 
@@ -167,12 +171,40 @@ public final class Sr3Plans {
         hook.planned(batchId, copy.toByteArray());
       } catch (Exception e) {
         out.cancel();
-        throw new IOException(
+        String why =
             "sr3: the plan of batch " + batchId + " (" + path + ") is not on the ring, so the"
-                + " batch does not run: " + e.getMessage(),
-            e);
+                + " batch does not run: " + e.getMessage();
+        if (interrupted(e)) {
+          // The query is being stopped: Spark takes an interruption for a stop, not a failure.
+          InterruptedIOException stopped = new InterruptedIOException(why);
+          stopped.initCause(e);
+          throw stopped;
+        }
+        throw new IOException(why, e);
       }
       out.close();
+    }
+
+    /**
+     * The query's thread was interrupted (a stop), or the hook gave up because the query is
+     * stopping: Python raises {@code PlanCancelled}, whose name py4j's message carries.
+     */
+    private static boolean interrupted(Throwable e) {
+      if (Thread.currentThread().isInterrupted()) {
+        return true;
+      }
+      String message = e.getMessage();
+      if (message != null && message.contains(CANCELLED)) {
+        return true;
+      }
+      for (Throwable cause = e; cause != null; cause = cause.getCause()) {
+        if (cause instanceof InterruptedException
+            || cause instanceof InterruptedIOException
+            || cause instanceof ClosedByInterruptException) {
+          return true;
+        }
+      }
+      return false;
     }
 
     synchronized void cancel() {
