@@ -31,6 +31,7 @@ batches behind (back-pressure).
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -108,11 +109,15 @@ class Pusher:
         host: str | None = None,
         guard: Callable[[], None] | None = None,
         fence: Callable[[], int] | None = None,
+        root: str | None = None,
     ) -> None:
         assert keep_batches >= 1, "the newest batch is always kept"
         assert recheck_s >= 0, "recheck_s is a duration"
         self.query = query
         self.checkpoint_dir = checkpoint_dir
+        # The checkpoint path manifests record (restores rewrite metadata naming it):
+        # the directory's own, or the query's when this one is a copy (a rescale's).
+        self.root = str(checkpoint_dir) if root is None else root
         self.keep_batches = keep_batches
         self.recheck_s = recheck_s
         self._client = client
@@ -187,7 +192,7 @@ class Pusher:
             files[path] = blob
             known[path] = (size, mtime_ns, blob)
         manifest = Manifest(
-            self.query, cut.batch_id, cut.state_version, str(self.checkpoint_dir),
+            self.query, cut.batch_id, cut.state_version, self.root,
             tuple(ManifestFile(path, files[path]) for path in sorted(files)),
             pushed_at=self._wall_clock(), host=self.host, query_id=self._read_query_id(cut.files),
             fence=None if self.fence is None else self.fence(),
@@ -258,13 +263,29 @@ class Pusher:
             del self._ring_batches[oldest]
 
     def _write_manifest(self, manifest: Manifest) -> int:
+        """Write ``manifest`` (a new batch, or over the same batch pushed before: a retry,
+        or after a restore), but never over one pushed with a higher fence: that batch
+        was written by a newer holder of the query's lease, or by a rescale, which a
+        driver without a lease (fence None, counted as 0) does not replace."""
         key = manifest_key(self.query, manifest.batch_id)
         value = compact_json(manifest.to_json())
         refs = manifest.chunk_ids()
         try:  # a new batch: nothing to read first
             return self._client.put_record(key, value, expected_version=0, refs=refs)
-        except RecordConflict as exc:  # pushed before (a retry, or after a restore)
-            return self._client.put_record(key, value, expected_version=exc.current, refs=refs)
+        except RecordConflict:
+            pass
+        record = self._client.get_record(key, include_deleted=True)
+        current = 0 if record is None else record.version
+        if record is not None and not record.deleted:
+            earlier = Manifest.from_json(json.loads(record.value))
+            if (earlier.fence or 0) > (manifest.fence or 0):
+                raise Fenced(
+                    f"batch {manifest.batch_id} of query {self.query} is on the ring with "
+                    f"fence {earlier.fence}, above this pusher's {manifest.fence or 'none'} "
+                    f"(written by {earlier.host or 'another driver'}: a newer holder or a "
+                    "rescale); this driver must stop"
+                )
+        return self._client.put_record(key, value, expected_version=current, refs=refs)
 
     def forget(self, keep: int) -> list[int]:
         """Delete all but the newest ``keep`` batches of this query (0: all of them, and

@@ -1,0 +1,167 @@
+"""Rescaling a query's state through the ring (spark_connector.rescale), real Spark and
+real peers.
+
+What it breaks: a stateful query's state, kept on the ring by StateSync at 2 partitions,
+is rescaled on the ring to another count (up and down) while the query is stopped; the
+query then restarts from the ring in another directory and reads more input. What must
+hold: the restarted query runs at the new count, and its output and final state equal
+those of the same query never rescaled; a dry run changes nothing on the ring; a rescale
+is refused while a live holder drives the query, while a batch is planned and not
+committed, and for a provider Spark's runner does not support, each in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ring.blobs import BlobRef
+from ring.sync_client import SyncClient
+from spark_connector.catalog import query_batches
+from spark_connector.checkpoint import read_offsets
+from spark_connector.lease import QueryLease
+from spark_connector.manifest import ManifestFile, plan_key
+from spark_connector.plans import Plan
+from spark_connector.rescale import RescaleRefused, rescale
+from spark_connector.sync import StateSync
+from sr3.local import LocalCluster
+
+pytest_plugins = ("spark_fixtures",)
+
+WAIT_S = 120.0
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
+def _provider(spark: Any, provider: str) -> None:
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+
+
+def _run(
+    spark: Any, sync: StateSync | None, input_dir: Path, checkpoint: Path, output: dict[int, Any]
+) -> Any:
+    """The fixtures' aggregation over every input file present, until done."""
+    from spark_fixtures import aggregation
+
+    def collect(batch: Any, batch_id: int) -> None:
+        output[batch_id] = sorted(
+            (row["window"]["start"].isoformat(), row["key"], row["count"])
+            for row in batch.collect()
+        )
+
+    writer = (
+        aggregation(spark, input_dir)
+        .writeStream.outputMode("append")
+        .foreachBatch(collect)
+        .trigger(availableNow=True)
+    )
+    if sync is None:
+        query = writer.option("checkpointLocation", str(checkpoint)).start()
+    else:
+        query = sync.start_query(writer, spark)
+    query.awaitTermination(WAIT_S)
+    assert query.exception() is None, query.exception()
+    if sync is not None:
+        sync.flush(timeout_s=WAIT_S)
+    return query
+
+
+def _rows(output: dict[int, Any]) -> list[Any]:
+    return sorted(row for rows in output.values() for row in rows)
+
+
+def _state(spark: Any, checkpoint: Path) -> list[str]:
+    from sr3.standby_app import state_rows
+
+    return [
+        json.dumps({k: v for k, v in json.loads(line)[1].items() if k != "partition_id"})
+        for line in state_rows(spark, str(checkpoint))
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partitions", [4, 1])
+def test_a_query_rescaled_on_the_ring_restarts_at_the_new_count_with_the_same_results(
+    spark: Any, ring: LocalCluster, tmp_path: Path, partitions: int
+) -> None:
+    from spark_fixtures import write_input
+
+    _provider(spark, ROCKSDB)
+    query_name = f"rescale-{partitions}-{time.monotonic_ns() % 10**9}"
+    input_dir = tmp_path / "in"
+    for index in range(4):
+        write_input(input_dir, index)
+    first: dict[int, Any] = {}
+    reference: dict[int, Any] = {}
+    with StateSync(ring.ring, query_name, tmp_path / "a", ring.secret) as sync:
+        _run(spark, sync, input_dir, tmp_path / "a", first)
+        before = sync.latest_batch()
+    _run(spark, None, input_dir, tmp_path / "reference", reference)
+    assert before is not None
+    with SyncClient(ring.ring, ring.secret) as client:
+        dry = rescale(client, query_name, partitions, spark, dry_run=True)
+        assert dry.batch_id is None and query_batches(client, query_name)[-1] == before
+        assert (dry.from_partitions, dry.to_partitions) == (2, partitions)
+        assert all(len(s.bytes) == partitions for s in dry.spread), dry.spread
+        report = rescale(client, query_name, partitions, spark)
+    assert report.base_batch == before and report.batch_id == before + 1
+    assert report.fence is not None and report.pushed_bytes > 0
+    for index in range(4, 7):
+        write_input(input_dir, index)
+    second: dict[int, Any] = {}
+    with StateSync(ring.ring, query_name, tmp_path / "b", ring.secret) as resumer:
+        assert resumer.restore() == before + 1
+        assert read_offsets(tmp_path / "b", before + 1)[0] == partitions
+        _run(spark, resumer, input_dir, tmp_path / "b", second)
+    _run(spark, None, input_dir, tmp_path / "reference", reference)
+    newest = max(second)
+    assert read_offsets(tmp_path / "b", newest)[0] == partitions
+    assert _rows(first) + _rows(second) == _rows(reference)
+    assert _state(spark, tmp_path / "b") == _state(spark, tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_a_rescale_is_refused_in_one_line_when_it_must_not_run(
+    spark: Any, ring: LocalCluster, tmp_path: Path
+) -> None:
+    from spark_fixtures import write_input
+
+    query_name = f"rescale-refused-{time.monotonic_ns() % 10**9}"
+    input_dir = tmp_path / "in"
+    write_input(input_dir, 0)
+    _provider(spark, HDFS)
+    with StateSync(ring.ring, query_name, tmp_path / "a", ring.secret) as sync:
+        _run(spark, sync, input_dir, tmp_path / "a", {})
+    with SyncClient(ring.ring, ring.secret) as client:
+        # Spark's runner supports RocksDB's provider only.
+        with pytest.raises(RescaleRefused, match="Spark's repartition refused") as refused:
+            rescale(client, query_name, 4, spark)
+        assert "\n" not in str(refused.value)
+        with pytest.raises(RescaleRefused, match="2 state partitions already"):
+            rescale(client, query_name, 2, spark)
+        # A live holder: refused, named.
+        holder = QueryLease(client, query_name, "app-live:1", timeout_s=1.0, renew_every_s=0.2)
+        assert holder.try_acquire() is None
+        lost: list[str] = []
+        holder.start_renewing(lost.append)
+        try:
+            with pytest.raises(RescaleRefused, match="driven by app-live:1"):
+                rescale(client, query_name, 4, spark, lease_timeout_s=1.0, renew_every_s=0.2)
+        finally:
+            holder.release()
+        assert not lost
+        # A batch planned and not committed (a driver that died in it, or runs it).
+        newest = query_batches(client, query_name)[-1]
+        blob = BlobRef(0, "0" * 32, ())
+        plan = Plan(query_name, newest + 1, "/c", (ManifestFile(f"offsets/{newest + 1}", blob),))
+        client.put_record(
+            plan_key(query_name, newest + 1), json.dumps(plan.to_json()).encode(),
+            expected_version=0,
+        )  # fmt: skip
+        with pytest.raises(RescaleRefused, match=f"batch {newest + 1} .* was planned"):
+            rescale(client, query_name, 4, spark)
