@@ -58,6 +58,7 @@ from spark_connector.push import (
     PushReport,
     PushWorker,
 )
+from spark_connector.rescale import RescaleReport, rescale
 from spark_connector.restore import (
     RestoreReport,
     newest_manifest,
@@ -333,6 +334,15 @@ class StateSync:
     def push(self, batch_id: int | None = None) -> PushReport:
         """Put the cut of ``batch_id`` (default: the newest committed) on the ring."""
         return self._pusher.push(batch_id)
+
+    def rescale(self, partitions: int, spark: Any = None, **options: Any) -> RescaleReport:
+        """Rescale this query's state on the ring to ``partitions`` state partitions while
+        the query is stopped (``spark_connector.rescale.rescale``; ``options`` as there);
+        the next ``restore()`` anywhere brings the rescaled batch."""
+        return rescale(
+            self._client, self.query, partitions, self._spark(spark),
+            keep_batches=self.keep_batches, **options,
+        )  # fmt: skip
 
     def forget(self, keep: int) -> list[int]:
         """Delete all but the newest ``keep`` batches of this query (0: all of them);

@@ -165,3 +165,45 @@ def test_a_rescale_is_refused_in_one_line_when_it_must_not_run(
         )  # fmt: skip
         with pytest.raises(RescaleRefused, match=f"batch {newest + 1} .* was planned"):
             rescale(client, query_name, 4, spark)
+
+
+@pytest.mark.slow
+def test_sr3_spark_rescale_dry_run_then_rescale(
+    spark: Any, ring: LocalCluster, tmp_path: Path
+) -> None:
+    """The command line, as an operator runs it: --dry-run reports the spread and
+    changes nothing; without it the ring's newest batch is the rescaled one."""
+    import os
+    import subprocess
+    import sys
+
+    from spark_fixtures import write_input
+
+    _provider(spark, ROCKSDB)
+    query_name = f"rescale-cli-{time.monotonic_ns() % 10**9}"
+    input_dir = tmp_path / "in"
+    for index in range(3):
+        write_input(input_dir, index)
+    with StateSync(ring.ring, query_name, tmp_path / "a", ring.secret) as sync:
+        _run(spark, sync, input_dir, tmp_path / "a", {})
+        before = sync.latest_batch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SR3_")}
+    env["SR3_CLUSTER_FILE"] = str(ring.cluster_file)
+
+    def sr3(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "sr3", "spark", "rescale", "--query", query_name, *args],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+        return done.stdout
+
+    dry = json.loads(sr3("--partitions", "3", "--dry-run", "--json"))
+    assert dry["dry_run"] and dry["batch_id"] is None and dry["to_partitions"] == 3
+    assert dry["spread"] and all(len(s["bytes"]) == 3 for s in dry["spread"]), dry
+    with SyncClient(ring.ring, ring.secret) as client:
+        assert query_batches(client, query_name)[-1] == before
+    text = sr3("--partitions", "3")
+    assert f"is batch {before + 1} at 3 on the ring" in text, text
+    with SyncClient(ring.ring, ring.secret) as client:
+        assert query_batches(client, query_name)[-1] == before + 1

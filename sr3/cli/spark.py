@@ -313,6 +313,108 @@ def _restore_line(query: str, target: Path, restored: int, report: RestoreReport
     )
 
 
+@spark.command("rescale")
+@click.option("--query", required=True, help="The query's name (StateSync).")
+@click.option("--partitions", required=True, type=click.IntRange(1, 100_000),
+              help="The number of state partitions the query runs at from now on.")  # fmt: skip
+@click.option("--dry-run", is_flag=True,
+              help="Repartition the ring's newest batch in a scratch folder and report the "
+                   "time and how the state spreads; touch nothing.")  # fmt: skip
+@click.option("--scratch", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the scratch checkpoint goes (default: the temp folder).")  # fmt: skip
+@click.option("--topology", default="auto", show_default=True,
+              help="star, line, tree[:FANOUT] or auto, for the restore.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@ring_options
+@fail_cleanly
+def spark_rescale(
+    query: str, partitions: int, dry_run: bool, scratch: Path | None, topology: str,
+    as_json: bool, ring: str | None, secret_file: Path | None,
+) -> None:  # fmt: skip
+    """Rescale a stopped query's state on the ring to --partitions state partitions: the
+    newest batch is restored into a scratch folder, repartitioned by Spark's own runner
+    (RocksDB's state store provider), and pushed back as the next batch under the
+    query's lease. The next start of the query anywhere runs at the new count. Refused,
+    in one line, while an application holds the query's lease, while a batch is planned
+    and not committed, or for what Spark's runner does not support."""
+    import importlib.util
+
+    from spark_connector.manifest import check_query_name
+    from spark_connector.rescale import rescale
+
+    check_query_name(query)
+    if importlib.util.find_spec("pyspark") is None:
+        fail("pyspark is not installed here: sr3 spark rescale runs Spark's repartition")
+    settings = ring_settings(ring, secret_file)
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+    spark = _rescale_session()
+    try:
+        with SyncClient(settings.ring, settings.secret, options=client_options(settings)) as client:
+            report = rescale(
+                client, query, partitions, spark, scratch_dir=scratch, topology=topology,
+                dry_run=dry_run,
+            )  # fmt: skip
+    finally:
+        spark.stop()
+    if as_json:
+        click.echo(json.dumps(_rescale_json(report), indent=2))
+        return
+    for line in _rescale_lines(report):
+        click.echo(line)
+
+
+def _rescale_session() -> Any:
+    """A local SparkSession for Spark's runner (it reads the checkpoint's own conf)."""
+    from pyspark.sql import SparkSession
+
+    from sr3.spark_demo import SPARK_CONF, scratch_conf
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master("local[2]").appName("sr3-rescale")
+    for key, value in {**SPARK_CONF, **scratch_conf()}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def _rescale_json(report: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    data: dict[str, Any] = asdict(report)
+    data["seconds"] = round(report.seconds, 3)
+    for spread, figures in zip(report.spread, data["spread"], strict=True):
+        figures["skew"] = spread.skew
+    return data
+
+
+def _rescale_lines(report: Any) -> list[str]:
+    if report.dry_run:
+        head = (
+            f"{report.query}: batch {report.base_batch} would go from {report.from_partitions} "
+            f"to {report.to_partitions} partitions: restore {report.restore_s:.2f} s, "
+            f"repartition {report.repartition_s:.2f} s (dry run: nothing pushed)"
+        )
+    else:
+        head = (
+            f"{report.query}: batch {report.base_batch} at {report.from_partitions} partitions "
+            f"is batch {report.batch_id} at {report.to_partitions} on the ring (fence "
+            f"{report.fence}): restore {report.restore_s:.2f} s, repartition "
+            f"{report.repartition_s:.2f} s, push {report.push_s:.2f} s "
+            f"({human_size(report.pushed_bytes)})"
+        )
+    lines = [head]
+    for spread in report.spread:
+        rows = "?" if not spread.rows else f"{min(spread.rows)}-{max(spread.rows)}"
+        skew = "-" if spread.skew is None else f"{spread.skew:.2f}"
+        lines.append(
+            f"  operator {spread.operator}: rows per partition {rows}, bytes "
+            f"{human_size(min(spread.bytes))}-{human_size(max(spread.bytes))}, skew {skew}"
+        )
+    return lines
+
+
 @spark.command("forget")
 @click.option("--query", help="Name the query was registered under (StateSync).")
 @click.option("--keep", type=click.IntRange(0),
