@@ -43,8 +43,7 @@ from typing import Any
 from ring.errors import ConfigError, SR3Error
 from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, lapse_after_s
 from ring.sync_client import SyncClient
-from spark_connector.checkpoint import list_checkpoint, read_cut, read_offsets
-from spark_connector.cut import CheckpointError
+from spark_connector.checkpoint import read_cut, read_offsets
 from spark_connector.lease import QueryLease
 from spark_connector.manifest import Manifest, check_query_name
 from spark_connector.plans import read_plan
@@ -270,29 +269,35 @@ def _refuse_pending_plan(client: SyncClient, manifest: Manifest) -> None:
     )
 
 
-def repartition_checkpoint(spark: Any, checkpoint: Path, partitions: int) -> int:
-    """Run Spark's offline repartition on the stopped query's local ``checkpoint``; the
-    batch it wrote. Spark's refusals (an unsupported provider or operator, a last batch
-    that did not commit) come back as ``RescaleRefused`` in one line."""
-    before = _newest_committed(checkpoint)
+def repartition_checkpoint(spark: Any, checkpoint: Path | str, partitions: int) -> int:
+    """Run Spark's offline repartition on the stopped query's ``checkpoint`` (a local
+    directory, or an ``sr3://`` path the session reaches); the batch it wrote. Spark's
+    refusals (an unsupported provider or operator, a last batch that did not commit)
+    come back as ``RescaleRefused`` in one line."""
+    before = _newest_committed(spark, checkpoint)
     try:
         spark._streamingCheckpointManager.repartition(str(checkpoint), partitions)
     except Exception as exc:  # py4j and PySpark's translations of Spark's errors
         raise RescaleRefused(f"Spark's repartition refused: {_first_line(exc)}") from exc
-    after = _newest_committed(checkpoint)
+    after = _newest_committed(spark, checkpoint)
     if after is None or (before is not None and after != before + 1):
         raise SR3Error(f"{checkpoint}: Spark's repartition committed batch {after}, not next")
     return after
 
 
-def _newest_committed(checkpoint: Path) -> int | None:
-    from spark_connector.cut import committed_batches
-
-    try:
-        batches = committed_batches(list_checkpoint(checkpoint))
-    except CheckpointError:
-        return None
-    return batches[-1] if batches else None
+def _newest_committed(spark: Any, checkpoint: Path | str) -> int | None:
+    """The newest batch with both its offsets and its commit, read through the session's
+    Hadoop file system (so an ``sr3://`` checkpoint too)."""
+    jvm = spark._jvm
+    root = jvm.org.apache.hadoop.fs.Path(str(checkpoint))
+    fs = root.getFileSystem(spark._jsc.hadoopConfiguration())
+    found: list[set[int]] = []
+    for log in ("offsets", "commits"):
+        path = jvm.org.apache.hadoop.fs.Path(root, log)
+        names = [s.getPath().getName() for s in fs.listStatus(path)] if fs.exists(path) else []
+        found.append({int(n) for n in map(str, names) if n.isascii() and n.isdigit()})
+    both = found[0] & found[1]
+    return max(both) if both else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -61,6 +61,7 @@ from ring.errors import (
 from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, Lease
 from ring.sync_client import SyncClient
 from spark_connector.conf import CONF_CREDENTIAL, HADOOP_PREFIX
+from spark_connector.cut import parse_offsets
 from spark_connector.fs_checkpoints import SCHEME, fs_path_of
 from spark_connector.fs_client import FsClient
 from spark_connector.lease import LeaseState, QueryLease, check_credential_fences
@@ -69,6 +70,7 @@ from spark_connector.plan_hook import check_session
 from spark_connector.plans import place_plan
 from spark_connector.pull import Puller, PullReport
 from spark_connector.push import KEEP_BATCHES_DEFAULT
+from spark_connector.rescale import check_partitions, repartition_checkpoint
 from spark_connector.restore import read_manifest
 from spark_connector.sync import StateSync
 from spark_connector.warm import WarmReport, warm_state
@@ -165,6 +167,9 @@ class Takeover:
     catch_up_s: float
     start_s: float
     planned: int | None = None
+    # The batch Spark's runner wrote to bring the state to ``Standby(partitions=...)``
+    # before the query started (a rescale by handover); None when none was needed.
+    rescaled: int | None = None
 
 
 class Standby:
@@ -188,6 +193,7 @@ class Standby:
         overwrite: bool = False,
         keep_batches: int = KEEP_BATCHES_DEFAULT,
         warm: bool = True,
+        partitions: int | None = None,
         client_options: ClientOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -203,6 +209,9 @@ class Standby:
         self.topology = topology
         self.keep_batches = keep_batches
         self.warm = warm
+        # The state partitions this application runs the query at once it takes it over
+        # (None: as the checkpoint has them): a rescale by handover.
+        self.partitions = None if partitions is None else check_partitions(partitions)
         self._clock, self._wall = clock, wall_clock
         self.mode = "fs" if str(checkpoint_dir).startswith("sr3:") else "sync"
         self.checkpoint = (
@@ -509,7 +518,8 @@ class Standby:
         if self.mode == "fs":
             self.lease.add_listener(self._tell_jvm)
             self._tell_jvm(self.lease.fence, self.lease.remaining_s())
-        else:
+        rescaled = self._rescale(resumed, planned)
+        if self.mode == "sync":
             self.sync = StateSync(
                 self._ring, self.query, self.checkpoint, self._secret,
                 client_options=self._client_options, keep_batches=self.keep_batches,
@@ -520,13 +530,15 @@ class Standby:
             spark = self._session()
             if spark is not None:
                 self.sync.attach(spark)
+            if rescaled is not None:
+                self.sync.committed(rescaled)  # the rescaled batch goes to the ring first
         self.streaming_query = self._start()
         if self.sync is not None and self.streaming_query is not None:
             self.sync.register(self.streaming_query, self._session())
         started = self._clock()
         self.takeover = Takeover(
             self.lease.fence, previous, resumed, waited, catch_up_bytes,
-            caught_up - took_at, started - caught_up, planned,
+            caught_up - took_at, started - caught_up, planned, rescaled,
         )  # fmt: skip
         log.warning(
             "sr3 %s took query %s over with fence %d from %s, resuming after batch %s%s "
@@ -537,6 +549,47 @@ class Standby:
             waited, catch_up_bytes, caught_up - took_at, started - caught_up,
         )  # fmt: skip
         return self.streaming_query
+
+    def _rescale(self, resumed: int | None, planned: int | None) -> int | None:
+        """Bring the checkpoint to ``partitions`` before the query starts (a rescale by
+        handover), as holder: the batch Spark's runner wrote, or None when there was
+        nothing to do. A batch the old holder planned runs first, at the count it was
+        planned with: the rescale waits for a later takeover (logged)."""
+        spark = self._session()
+        if self.partitions is None or resumed is None or spark is None:
+            return None
+        if planned is not None:
+            log.warning(
+                "sr3 %s does not rescale query %s to %d partitions: batch %d was planned at "
+                "the old count and runs first; rescale later", self.lease.holder, self.query,
+                self.partitions, planned,
+            )  # fmt: skip
+            return None
+        checkpoint = f"{SCHEME}{self.checkpoint}" if self.mode == "fs" else self.checkpoint
+        current = self._partitions_of(spark, checkpoint, resumed)
+        if current == self.partitions:
+            return None
+        started = self._clock()
+        rescaled = repartition_checkpoint(spark, checkpoint, self.partitions)
+        log.warning(
+            "sr3 %s rescaled query %s from %s to %d partitions as batch %d in %.2f s",
+            self.lease.holder, self.query, current, self.partitions, rescaled,
+            self._clock() - started,
+        )  # fmt: skip
+        return rescaled
+
+    @staticmethod
+    def _partitions_of(spark: Any, checkpoint: str, batch_id: int) -> int | None:
+        """The state partitions ``offsets/<batch_id>`` records, read through Hadoop."""
+        jvm = spark._jvm
+        path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets/{batch_id}")
+        stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)
+        try:
+            head = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+        finally:
+            stream.close()
+        partitions, _ends = parse_offsets(batch_id, bytes(head).decode("utf-8"))
+        return partitions
 
     def _note(self) -> dict[str, Any] | None:
         """What the lease record says of the active side: its newest batch on the ring

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from ring.blobs import BlobRef
 from ring.sync_client import SyncClient
@@ -207,3 +208,103 @@ def test_sr3_spark_rescale_dry_run_then_rescale(
     assert f"is batch {before + 1} at 3 on the ring" in text, text
     with SyncClient(ring.ring, ring.secret) as client:
         assert query_batches(client, query_name)[-1] == before + 1
+
+
+@pytest.mark.slow
+def test_a_standby_started_at_another_count_takes_a_planned_handover_and_rescales(
+    spark: Any, ring: LocalCluster, tmp_path: Path
+) -> None:
+    """Breaks: nothing; the active application closes (a deploy: its last batch pushed,
+    its lease released) and a standby started with ``partitions=4`` takes over. Must
+    hold: the standby repartitions its local copy before it starts, the rescaled batch
+    is the first it pushes (under its fence), the query runs on at 4 partitions, and
+    output and state equal a run never rescaled."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spark_fixtures import write_input
+
+    from spark_connector.standby import Standby
+
+    _provider(spark, ROCKSDB)
+    query_name = f"rescale-handover-{time.monotonic_ns() % 10**9}"
+    input_dir = tmp_path / "in"
+    for index in range(4):
+        write_input(input_dir, index)
+    outputs: dict[str, dict[int, Any]] = {"a": {}, "b": {}}
+
+    def starter(side: str) -> Any:
+        from spark_fixtures import aggregation
+
+        def collect(batch: Any, batch_id: int) -> None:
+            outputs[side][batch_id] = sorted(
+                (row["window"]["start"].isoformat(), row["key"], row["count"])
+                for row in batch.collect()
+            )
+
+        return (
+            aggregation(spark, input_dir)
+            .writeStream.outputMode("append")
+            .foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / f"ckpt-{side}"))
+            .trigger(processingTime="200 milliseconds")
+        )
+
+    options = {"timeout_s": 1.0, "renew_every_s": 0.2, "poll_s": 0.05}
+    active = Standby(
+        ring.ring, query_name, tmp_path / "ckpt-a", ring.secret, spark=spark, holder="app-a",
+        start=starter("a"), **options,
+    )  # fmt: skip
+    standby = Standby(
+        ring.ring, query_name, tmp_path / "ckpt-b", ring.secret, spark=spark, holder="app-b",
+        start=starter("b"), partitions=4, **options,
+    )  # fmt: skip
+    pool = ThreadPoolExecutor(1)
+    try:
+        query_a = active.take_over(timeout_s=60)
+        wait_until_rows(outputs["a"], query_a, 4)
+        waiting = pool.submit(standby.take_over, WAIT_S)
+        assert active.sync is not None
+        active.sync.flush(timeout_s=WAIT_S)
+        pushed = active.sync.pushed_batch
+        assert pushed is not None
+        wait_until(
+            lambda: (standby._puller is not None and (standby._puller.batch_id or -1) >= pushed),
+            "the standby to pull the newest batch", WAIT_S,
+        )  # fmt: skip
+        active.close()  # a planned handover: last batch pushed, lease released
+        query_b = waiting.result(timeout=WAIT_S)
+        takeover = standby.takeover
+        assert takeover is not None and takeover.rescaled == takeover.resumed_after + 1
+        for index in range(4, 7):
+            write_input(input_dir, index)
+        wait_until_rows(outputs["b"], query_b, 3)
+        assert standby.sync is not None
+        standby.sync.flush(timeout_s=WAIT_S)
+        latest = standby.sync.latest_batch()
+        assert latest is not None and latest > takeover.rescaled
+        assert standby.sync.manifest(latest).fence == takeover.fence
+        newest = max(
+            int(p.name) for p in (tmp_path / "ckpt-b" / "commits").iterdir() if p.name.isdigit()
+        )
+        assert read_offsets(tmp_path / "ckpt-b", newest)[0] == 4
+        query_b.stop()
+    finally:
+        pool.shutdown(wait=True)
+        standby.close()
+        active.close()
+    reference: dict[int, Any] = {}
+    _run(spark, None, input_dir, tmp_path / "reference", reference)
+    assert _rows(outputs["a"]) + _rows(outputs["b"]) == _rows(reference)
+    assert _state(spark, tmp_path / "ckpt-b") == _state(spark, tmp_path / "reference")
+
+
+def wait_until_rows(output: dict[int, Any], query: Any, files: int) -> None:
+    """``files`` more input files read, and a batch without input since."""
+    from support import wait_until
+
+    def done() -> bool:
+        progress = query.recentProgress
+        read = sum(int(p["numInputRows"]) for p in progress)
+        return read >= 6 * files and int(progress[-1]["numInputRows"]) == 0
+
+    wait_until(done, f"{files} files read", WAIT_S)
