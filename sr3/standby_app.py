@@ -69,6 +69,7 @@ class StandbyJob:
     shuffle_partitions: int = 2
     state_store: str = ""  # "rocksdb" for RocksDB's provider
     state_path: str = ""  # at until_batch: the query's state rows written here (JSON)
+    partitions: int = 0  # state partitions to run at once it takes over (0: as they are)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -244,7 +245,7 @@ def run(job: StandbyJob) -> int:
     standby = Standby(
         os.environ.get("SR3_RING"), job.query, job.checkpoint, os.environ.get("SR3_SECRET"),
         start=writer, spark=spark, holder=job.holder or None, timeout_s=job.lease_timeout_s,
-        renew_every_s=job.renew_every_s,
+        renew_every_s=job.renew_every_s, partitions=job.partitions or None,
     )  # fmt: skip
     started = time.monotonic()
     try:
@@ -258,6 +259,7 @@ def run(job: StandbyJob) -> int:
             "took_over", holder=standby.lease.holder, fence=takeover.fence,
             previous=None if previous is None else previous.holder,
             resumed_after=takeover.resumed_after, planned=takeover.planned,
+            rescaled=takeover.rescaled,
             waited_s=takeover.waited_s,
             catch_up_bytes=takeover.catch_up_bytes, catch_up_s=takeover.catch_up_s,
             start_s=takeover.start_s,

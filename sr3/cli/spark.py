@@ -533,6 +533,9 @@ def _duration_option(
               show_default=True,
               help="The demo query's trigger interval in seconds (job.trigger_s for "
                    "--app).")  # fmt: skip
+@click.option("--partitions", type=click.IntRange(1, 100_000),
+              help="Run the query at this many state partitions once this application takes "
+                   "it over (a rescale by handover; RocksDB's provider).")  # fmt: skip
 @click.option("--holder", help="This application's name in the lease (default: host:pid).")
 @click.option("--lease-timeout", type=float, default=TIMEOUT_S_DEFAULT, show_default=True,
               help="Seconds without a renewal after which a standby may take over.")  # fmt: skip
@@ -552,7 +555,8 @@ def _duration_option(
 @fail_cleanly
 def spark_standby(
     query: str, checkpoint: str, input_dir: str | None, output_dir: str | None, sink: str,
-    app: str | None, trigger_s: float, holder: str | None, lease_timeout: float,
+    app: str | None, trigger_s: float, partitions: int | None, holder: str | None,
+    lease_timeout: float,
     renew_every: float,
     until_batch: int | None, run_max: int | None, events_path: Path | None, master: str,
     metrics_port: int | None, ring: str | None, secret_file: Path | None,
@@ -586,7 +590,7 @@ def spark_standby(
         holder=holder or "", lease_timeout_s=lease_timeout, renew_every_s=renew_every,
         until_batch=-1 if until_batch is None else until_batch,
         run_s_max=math.inf if run_max is None else float(run_max), app=app_path,
-        master=master, trigger_s=trigger_s,
+        master=master, trigger_s=trigger_s, partitions=partitions or 0,
     )  # fmt: skip
     click.echo(f"sr3 standby of {query}: events in {job.events_path}")
     if metrics_port is not None:
