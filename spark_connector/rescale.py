@@ -44,6 +44,8 @@ from ring.errors import ConfigError, SR3Error
 from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, lapse_after_s
 from ring.sync_client import SyncClient
 from spark_connector.checkpoint import read_cut, read_offsets
+from spark_connector.cut import parse_offsets
+from spark_connector.fs_checkpoints import SCHEME, fs_path_of
 from spark_connector.lease import QueryLease
 from spark_connector.manifest import Manifest, check_query_name
 from spark_connector.plans import read_plan
@@ -55,7 +57,10 @@ __all__ = [
     "OperatorSpread",
     "RescaleRefused",
     "RescaleReport",
+    "logged_batches",
+    "partitions_of",
     "rescale",
+    "rescale_fs",
     "repartition_checkpoint",
 ]
 
@@ -286,18 +291,139 @@ def repartition_checkpoint(spark: Any, checkpoint: Path | str, partitions: int) 
 
 
 def _newest_committed(spark: Any, checkpoint: Path | str) -> int | None:
-    """The newest batch with both its offsets and its commit, read through the session's
-    Hadoop file system (so an ``sr3://`` checkpoint too)."""
+    """The newest batch with both its offsets and its commit."""
+    offsets, commits = logged_batches(spark, checkpoint)
+    both = offsets & commits
+    return max(both) if both else None
+
+
+def logged_batches(spark: Any, checkpoint: Path | str) -> tuple[set[int], set[int]]:
+    """The batch ids of the checkpoint's offset and commit logs, read through the
+    session's Hadoop file system (so an ``sr3://`` checkpoint too)."""
     jvm = spark._jvm
     root = jvm.org.apache.hadoop.fs.Path(str(checkpoint))
     fs = root.getFileSystem(spark._jsc.hadoopConfiguration())
     found: list[set[int]] = []
-    for log in ("offsets", "commits"):
-        path = jvm.org.apache.hadoop.fs.Path(root, log)
+    for log_name in ("offsets", "commits"):
+        path = jvm.org.apache.hadoop.fs.Path(root, log_name)
         names = [s.getPath().getName() for s in fs.listStatus(path)] if fs.exists(path) else []
         found.append({int(n) for n in map(str, names) if n.isascii() and n.isdigit()})
-    both = found[0] & found[1]
-    return max(both) if both else None
+    return found[0], found[1]
+
+
+def partitions_of(spark: Any, checkpoint: Path | str, batch_id: int) -> int | None:
+    """The state partitions ``offsets/<batch_id>`` records, read through Hadoop."""
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets/{batch_id}")
+    stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)
+    try:
+        head = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+    finally:
+        stream.close()
+    partitions, _ends = parse_offsets(batch_id, bytes(head).decode("utf-8"))
+    return partitions
+
+
+def rescale_fs(
+    client: SyncClient,
+    query: str,
+    checkpoint: str,
+    partitions: int,
+    spark: Any,
+    *,
+    holder: str | None = None,
+    lease_timeout_s: float = TIMEOUT_S_DEFAULT,
+    renew_every_s: float = RENEW_EVERY_S_DEFAULT,
+    clock: Callable[[], float] = time.monotonic,
+) -> RescaleReport:
+    """Rescale an ``sr3://`` checkpoint in place (``spark`` reaches it: ``spark_conf``):
+    the query's lease taken as ``rescale`` does, its offset and commit writes fenced
+    (the JVM's ``Sr3Fence``), and Spark's runner run on the ring, whose executors read
+    and write the partitions there. Spark's commit of the rescaled batch is the commit
+    point; a rescale killed before it leaves a batch Spark refuses to start from until
+    a rescale to the same count finishes it, which the next ``rescale_fs`` (or a
+    standby taking over, ``Standby(partitions=...)``) does."""
+    check_query_name(query)
+    check_partitions(partitions)
+    path = fs_path_of(checkpoint)
+    uri = f"{SCHEME}{path}"
+    lease = QueryLease(
+        client, query, holder, timeout_s=lease_timeout_s, renew_every_s=renew_every_s,
+        drift=DRIFT_DEFAULT, clock=clock,
+    )  # fmt: skip
+    _take(lease, clock)
+    fence = spark._jvm.sr3.hadoop.Sr3Fence
+
+    def hold(current: int, valid_for_s: float) -> None:
+        fence.hold(path, lease.key, max(current, 1), max(0, int(valid_for_s * 1000) - 50))
+
+    lost: list[str] = []
+    lease.add_listener(hold)
+    hold(lease.fence, lease.remaining_s())
+    lease.start_renewing(lost.append)
+    try:
+        base, current, unfinished = _fs_state(spark, uri)
+        if unfinished is not None and unfinished != partitions:
+            raise RescaleRefused(
+                f"{uri} holds an unfinished rescale to {unfinished} partitions: finish it "
+                f"first (sr3 spark rescale --partitions {unfinished}), then rescale again"
+            )
+        if current == partitions and unfinished is None:
+            raise RescaleRefused(f"query {query} has {partitions} state partitions already")
+        started = clock()
+        batch_id = repartition_checkpoint(spark, uri, partitions)
+        repartition_s = clock() - started
+        if lost:
+            raise SR3Error(f"the rescale of {query} lost the query's lease: {lost[0]}")
+        spread = tuple(
+            OperatorSpread(
+                operator, _rows_by_partition(spark, uri, batch_id, operator, partitions), ()
+            )
+            for operator in _operators(spark, uri)
+        )
+    finally:
+        lease.release()
+        fence.drop(path)
+    report = RescaleReport(
+        query, current or 0, partitions, base, batch_id, lease.fence, 0.0, repartition_s, 0.0,
+        0, 0, spread,
+    )  # fmt: skip
+    log.info(
+        "sr3 rescaled %s (query %s) from %s to %d partitions: batch %d -> %d in %.2f s",
+        uri, query, current, partitions, base, batch_id, repartition_s,
+    )  # fmt: skip
+    return report
+
+
+def _fs_state(spark: Any, checkpoint: str) -> tuple[int, int | None, int | None]:
+    """The newest committed batch, its partitions, and the count of an unfinished
+    rescale after it (Spark's runner wrote its offsets, not its commit), or None."""
+    offsets, commits = logged_batches(spark, checkpoint)
+    committed = offsets & commits
+    if not committed:
+        raise RescaleRefused(f"{checkpoint} holds no committed batch: nothing to rescale")
+    base = max(committed)
+    current = partitions_of(spark, checkpoint, base)
+    pending = sorted(batch for batch in offsets if batch > base)
+    if not pending:
+        return base, current, None
+    planned = partitions_of(spark, checkpoint, pending[0])
+    if planned == current:
+        raise RescaleRefused(
+            f"batch {pending[0]} of {checkpoint} was planned and is not committed: start the "
+            "query to finish it (or stop the driver still running it), then rescale"
+        )
+    return base, current, planned
+
+
+def _operators(spark: Any, checkpoint: str) -> list[int]:
+    """The stateful operators of the checkpoint (Spark's ``state-metadata`` source)."""
+    try:
+        rows = spark.read.format("state-metadata").load(checkpoint).collect()
+    except Exception as exc:  # PySpark's translations of the reader's refusals
+        log.info("sr3: the operators of %s are not listed: %s", checkpoint, _first_line(exc))
+        return []
+    return sorted({int(row["operatorId"]) for row in rows})
 
 
 def _first_line(exc: BaseException) -> str:
@@ -328,7 +454,7 @@ def state_spread(spark: Any, checkpoint: Path, batch_id: int) -> tuple[OperatorS
 
 
 def _rows_by_partition(
-    spark: Any, checkpoint: Path, batch_id: int, operator: int, count: int
+    spark: Any, checkpoint: Path | str, batch_id: int, operator: int, count: int
 ) -> tuple[int, ...]:
     """Rows per partition from Spark's ``statestore`` reader; () when the reader needs
     more than an operator to read its state (a join's side, a named state variable)."""

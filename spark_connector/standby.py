@@ -61,7 +61,6 @@ from ring.errors import (
 from ring.lease import DRIFT_DEFAULT, RENEW_EVERY_S_DEFAULT, TIMEOUT_S_DEFAULT, Lease
 from ring.sync_client import SyncClient
 from spark_connector.conf import CONF_CREDENTIAL, HADOOP_PREFIX
-from spark_connector.cut import parse_offsets
 from spark_connector.fs_checkpoints import SCHEME, fs_path_of
 from spark_connector.fs_client import FsClient
 from spark_connector.lease import LeaseState, QueryLease, check_credential_fences
@@ -70,7 +69,7 @@ from spark_connector.plan_hook import check_session
 from spark_connector.plans import place_plan
 from spark_connector.pull import Puller, PullReport
 from spark_connector.push import KEEP_BATCHES_DEFAULT
-from spark_connector.rescale import check_partitions, repartition_checkpoint
+from spark_connector.rescale import check_partitions, partitions_of, repartition_checkpoint
 from spark_connector.restore import read_manifest
 from spark_connector.sync import StateSync
 from spark_connector.warm import WarmReport, warm_state
@@ -566,7 +565,7 @@ class Standby:
             )  # fmt: skip
             return None
         checkpoint = f"{SCHEME}{self.checkpoint}" if self.mode == "fs" else self.checkpoint
-        current = self._partitions_of(spark, checkpoint, resumed)
+        current = partitions_of(spark, checkpoint, resumed)
         if current == self.partitions:
             return None
         started = self._clock()
@@ -577,19 +576,6 @@ class Standby:
             self._clock() - started,
         )  # fmt: skip
         return rescaled
-
-    @staticmethod
-    def _partitions_of(spark: Any, checkpoint: str, batch_id: int) -> int | None:
-        """The state partitions ``offsets/<batch_id>`` records, read through Hadoop."""
-        jvm = spark._jvm
-        path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets/{batch_id}")
-        stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)
-        try:
-            head = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
-        finally:
-            stream.close()
-        partitions, _ends = parse_offsets(batch_id, bytes(head).decode("utf-8"))
-        return partitions
 
     def _note(self) -> dict[str, Any] | None:
         """What the lease record says of the active side: its newest batch on the ring

@@ -308,3 +308,65 @@ def wait_until_rows(output: dict[int, Any], query: Any, files: int) -> None:
         return read >= 6 * files and int(progress[-1]["numInputRows"]) == 0
 
     wait_until(done, f"{files} files read", WAIT_S)
+
+
+@pytest.mark.slow
+def test_an_sr3_checkpoint_is_rescaled_in_place_on_the_ring(
+    spark: Any, ring: LocalCluster, tmp_path: Path
+) -> None:
+    """An ``sr3://`` checkpoint: Spark's runner reads and writes the partitions on the
+    ring, under the query's lease (its offset and commit writes fenced). The query
+    restarts at the new count from the same path, with the output and state of a run
+    never rescaled; a second rescale to the same count is refused in one line."""
+
+    from ring.auth import scoped_credential
+    from spark_connector.jar import JAR_CLASSES
+
+    _provider(spark, ROCKSDB)
+    query_name = f"rescale-fs-{time.monotonic_ns() % 10**9}"
+    checkpoint = f"sr3:///spark/{query_name}/checkpoint"
+    now = int(time.time())
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop.set("fs.sr3.impl", JAR_CLASSES[0])
+    hadoop.set("fs.AbstractFileSystem.sr3.impl", JAR_CLASSES[1])
+    hadoop.set("fs.sr3.ring", ring.ring)
+    hadoop.set(
+        "fs.sr3.token",
+        scoped_credential(ring.secret, "/spark", expires_at=now + 3600, issued_at=now),
+    )
+    try:
+        _rescale_in_place(spark, ring, tmp_path, query_name, checkpoint)
+    finally:
+        for name in ("fs.sr3.ring", "fs.sr3.token"):
+            hadoop.unset(name)
+
+
+def _rescale_in_place(
+    spark: Any, ring: LocalCluster, tmp_path: Path, query_name: str, checkpoint: str
+) -> None:
+    from spark_fixtures import write_input
+
+    from spark_connector.rescale import logged_batches, partitions_of, rescale_fs
+
+    input_dir = tmp_path / "in"
+    for index in range(4):
+        write_input(input_dir, index)
+    first: dict[int, Any] = {}
+    reference: dict[int, Any] = {}
+    _run(spark, None, input_dir, Path(checkpoint), first)  # type: ignore[arg-type]
+    _run(spark, None, input_dir, tmp_path / "reference", reference)
+    with SyncClient(ring.ring, ring.secret) as client:
+        report = rescale_fs(client, query_name, checkpoint, 4, spark)
+        assert (report.from_partitions, report.to_partitions) == (2, 4)
+        assert report.batch_id == report.base_batch + 1 and report.fence == 1
+        with pytest.raises(RescaleRefused, match="4 state partitions already"):
+            rescale_fs(client, query_name, checkpoint, 4, spark)
+    for index in range(4, 7):
+        write_input(input_dir, index)
+    second: dict[int, Any] = {}
+    _run(spark, None, input_dir, Path(checkpoint), second)  # type: ignore[arg-type]
+    _run(spark, None, input_dir, tmp_path / "reference", reference)
+    offsets, _commits = logged_batches(spark, checkpoint)
+    assert partitions_of(spark, checkpoint, max(offsets)) == 4
+    assert _rows(first) + _rows(second) == _rows(reference)
+    assert _state(spark, Path(checkpoint)) == _state(spark, tmp_path / "reference")  # type: ignore[arg-type]
