@@ -59,9 +59,11 @@ __all__ = [
     "RescaleReport",
     "logged_batches",
     "partitions_of",
+    "pending_batches",
     "rescale",
     "rescale_fs",
     "repartition_checkpoint",
+    "unfinished_rescale",
 ]
 
 log = logging.getLogger(__name__)
@@ -397,7 +399,30 @@ def rescale_fs(
 
 def _fs_state(spark: Any, checkpoint: str) -> tuple[int, int | None, int | None]:
     """The newest committed batch, its partitions, and the count of an unfinished
-    rescale after it (Spark's runner wrote its offsets, not its commit), or None."""
+    rescale after it (Spark's runner wrote its offsets, not its commit), or None. A batch
+    planned at the same count and not committed is refused."""
+    base, current, planned, count = pending_batches(spark, checkpoint)
+    if planned is not None and count == current:
+        raise RescaleRefused(
+            f"batch {planned} of {checkpoint} was planned and is not committed: start the "
+            "query to finish it (or stop the driver still running it), then rescale"
+        )
+    return base, current, count
+
+
+def unfinished_rescale(spark: Any, checkpoint: Path | str) -> int | None:
+    """The count an unfinished rescale of ``checkpoint`` was taking it to (Spark's runner
+    wrote the batch's offsets at another count than the batch before, and no commit):
+    Spark refuses to start the query from it until a rescale to that count finishes."""
+    _base, current, planned, count = pending_batches(spark, checkpoint)
+    return count if planned is not None and count != current else None
+
+
+def pending_batches(
+    spark: Any, checkpoint: Path | str
+) -> tuple[int, int | None, int | None, int | None]:
+    """The newest committed batch and its partitions; the first batch planned after it
+    (None: none) and its partitions."""
     offsets, commits = logged_batches(spark, checkpoint)
     committed = offsets & commits
     if not committed:
@@ -406,14 +431,8 @@ def _fs_state(spark: Any, checkpoint: str) -> tuple[int, int | None, int | None]
     current = partitions_of(spark, checkpoint, base)
     pending = sorted(batch for batch in offsets if batch > base)
     if not pending:
-        return base, current, None
-    planned = partitions_of(spark, checkpoint, pending[0])
-    if planned == current:
-        raise RescaleRefused(
-            f"batch {pending[0]} of {checkpoint} was planned and is not committed: start the "
-            "query to finish it (or stop the driver still running it), then rescale"
-        )
-    return base, current, planned
+        return base, current, None, None
+    return base, current, pending[0], partitions_of(spark, checkpoint, pending[0])
 
 
 def _operators(spark: Any, checkpoint: str) -> list[int]:

@@ -69,7 +69,13 @@ from spark_connector.plan_hook import check_session
 from spark_connector.plans import place_plan
 from spark_connector.pull import Puller, PullReport
 from spark_connector.push import KEEP_BATCHES_DEFAULT
-from spark_connector.rescale import check_partitions, partitions_of, repartition_checkpoint
+from spark_connector.rescale import (
+    check_partitions,
+    partitions_of,
+    pending_batches,
+    repartition_checkpoint,
+    unfinished_rescale,
+)
 from spark_connector.restore import read_manifest
 from spark_connector.sync import StateSync
 from spark_connector.warm import WarmReport, warm_state
@@ -553,26 +559,40 @@ class Standby:
         """Bring the checkpoint to ``partitions`` before the query starts (a rescale by
         handover), as holder: the batch Spark's runner wrote, or None when there was
         nothing to do. A batch the old holder planned runs first, at the count it was
-        planned with: the rescale waits for a later takeover (logged)."""
+        planned with: the rescale waits for a later takeover (logged). An ``sr3://``
+        checkpoint whose rescale was killed before its commit (Spark refuses to start
+        the query from it) has that rescale finished first."""
         spark = self._session()
-        if self.partitions is None or resumed is None or spark is None:
+        if resumed is None or spark is None:
             return None
-        if planned is not None:
+        if self.mode == "fs":
+            checkpoint = f"{SCHEME}{self.checkpoint}"
+            unfinished = unfinished_rescale(spark, checkpoint)
+            if unfinished is not None:
+                log.warning(
+                    "sr3 %s finishes the rescale of query %s to %d partitions that did not "
+                    "commit", self.lease.holder, self.query, unfinished,
+                )  # fmt: skip
+                repartition_checkpoint(spark, checkpoint, unfinished)
+            _base, current, pending, _count = pending_batches(spark, checkpoint)
+        else:
+            checkpoint = self.checkpoint
+            current, pending = partitions_of(spark, checkpoint, resumed), planned
+        target = self.partitions
+        if target is None or current == target:
+            return None
+        if pending is not None:
             log.warning(
                 "sr3 %s does not rescale query %s to %d partitions: batch %d was planned at "
                 "the old count and runs first; rescale later", self.lease.holder, self.query,
-                self.partitions, planned,
+                target, pending,
             )  # fmt: skip
             return None
-        checkpoint = f"{SCHEME}{self.checkpoint}" if self.mode == "fs" else self.checkpoint
-        current = partitions_of(spark, checkpoint, resumed)
-        if current == self.partitions:
-            return None
         started = self._clock()
-        rescaled = repartition_checkpoint(spark, checkpoint, self.partitions)
+        rescaled = repartition_checkpoint(spark, checkpoint, target)
         log.warning(
             "sr3 %s rescaled query %s from %s to %d partitions as batch %d in %.2f s",
-            self.lease.holder, self.query, current, self.partitions, rescaled,
+            self.lease.holder, self.query, current, target, rescaled,
             self._clock() - started,
         )  # fmt: skip
         return rescaled

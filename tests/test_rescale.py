@@ -346,7 +346,12 @@ def _rescale_in_place(
 ) -> None:
     from spark_fixtures import write_input
 
-    from spark_connector.rescale import logged_batches, partitions_of, rescale_fs
+    from spark_connector.rescale import (
+        logged_batches,
+        partitions_of,
+        rescale_fs,
+        unfinished_rescale,
+    )
 
     input_dir = tmp_path / "in"
     for index in range(4):
@@ -361,6 +366,15 @@ def _rescale_in_place(
         assert report.batch_id == report.base_batch + 1 and report.fence == 1
         with pytest.raises(RescaleRefused, match="4 state partitions already"):
             rescale_fs(client, query_name, checkpoint, 4, spark)
+        # A rescale killed before Spark's runner committed its batch: Spark refuses to
+        # start from it; another count is refused; the same count finishes it.
+        assert report.batch_id is not None
+        _delete(spark, f"{checkpoint}/commits/{report.batch_id}")
+        assert unfinished_rescale(spark, checkpoint) == 4
+        with pytest.raises(RescaleRefused, match="unfinished rescale to 4 partitions"):
+            rescale_fs(client, query_name, checkpoint, 8, spark)
+        again = rescale_fs(client, query_name, checkpoint, 4, spark)
+        assert again.batch_id == report.batch_id and unfinished_rescale(spark, checkpoint) is None
     for index in range(4, 7):
         write_input(input_dir, index)
     second: dict[int, Any] = {}
@@ -370,3 +384,9 @@ def _rescale_in_place(
     assert partitions_of(spark, checkpoint, max(offsets)) == 4
     assert _rows(first) + _rows(second) == _rows(reference)
     assert _state(spark, Path(checkpoint)) == _state(spark, tmp_path / "reference")  # type: ignore[arg-type]
+
+
+def _delete(spark: Any, uri: str) -> None:
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    assert path.getFileSystem(spark._jsc.hadoopConfiguration()).delete(path, False)
