@@ -54,6 +54,7 @@ from spark_connector.restore import newest_manifest, restore_manifest, rewrite_r
 
 __all__ = [
     "PARTITIONS_MAX",
+    "dry_run_fs",
     "OperatorSpread",
     "RescaleRefused",
     "RescaleReport",
@@ -395,6 +396,53 @@ def rescale_fs(
         uri, query, current, partitions, base, batch_id, repartition_s,
     )  # fmt: skip
     return report
+
+
+def dry_run_fs(
+    ring: str,
+    secret: str,
+    query: str,
+    checkpoint: str,
+    partitions: int,
+    spark: Any,
+    *,
+    scratch_dir: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RescaleReport:
+    """``rescale_fs``'s dry run: the ``sr3://`` checkpoint copied into a scratch folder
+    (every file Spark keeps there), repartitioned there, the spread reported; nothing on
+    the ring changes."""
+    import asyncio
+
+    from spark_connector.fs_checkpoints import copy_to_local
+    from spark_connector.fs_client import FsClient
+
+    check_query_name(query)
+    check_partitions(partitions)
+
+    async def copy(target: Path) -> int:
+        async with FsClient(ring, secret) as fs:
+            _files, size = await copy_to_local(fs, checkpoint, target)
+        return size
+
+    with tempfile.TemporaryDirectory(
+        prefix=f"sr3-rescale-{query}-", dir=scratch_dir, ignore_cleanup_errors=True
+    ) as scratch:
+        local = Path(scratch) / "checkpoint"
+        started = clock()
+        copied = asyncio.run(copy(local))
+        restore_s = clock() - started
+        base, current, unfinished = _fs_state(spark, str(local))
+        if unfinished is None and current == partitions:
+            raise RescaleRefused(f"query {query} has {partitions} state partitions already")
+        started = clock()
+        batch_id = repartition_checkpoint(spark, local, partitions)
+        repartition_s = clock() - started
+        spread = state_spread(spark, local, batch_id)
+    return RescaleReport(
+        query, current or 0, partitions, base, None, None, restore_s, repartition_s, 0.0,
+        copied, 0, spread, dry_run=True,
+    )  # fmt: skip
 
 
 def _fs_state(spark: Any, checkpoint: str) -> tuple[int, int | None, int | None]:

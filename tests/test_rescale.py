@@ -347,6 +347,7 @@ def _rescale_in_place(
     from spark_fixtures import write_input
 
     from spark_connector.rescale import (
+        dry_run_fs,
         logged_batches,
         partitions_of,
         rescale_fs,
@@ -360,6 +361,11 @@ def _rescale_in_place(
     reference: dict[int, Any] = {}
     _run(spark, None, input_dir, Path(checkpoint), first)  # type: ignore[arg-type]
     _run(spark, None, input_dir, tmp_path / "reference", reference)
+    before = logged_batches(spark, checkpoint)
+    dry = dry_run_fs(ring.ring, ring.secret, query_name, checkpoint, 4, spark, scratch_dir=tmp_path)
+    assert dry.dry_run and dry.batch_id is None and dry.restored_bytes > 0
+    assert all(len(spread.bytes) == 4 for spread in dry.spread), dry.spread
+    assert logged_batches(spark, checkpoint) == before, "the dry run changed the ring"
     with SyncClient(ring.ring, ring.secret) as client:
         report = rescale_fs(client, query_name, checkpoint, 4, spark)
         assert (report.from_partitions, report.to_partitions) == (2, 4)

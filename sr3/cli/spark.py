@@ -314,7 +314,12 @@ def _restore_line(query: str, target: Path, restored: int, report: RestoreReport
 
 
 @spark.command("rescale")
-@click.option("--query", required=True, help="The query's name (StateSync).")
+@click.option("--query", required=True,
+              help="The query's name (StateSync's, or the standby's for an sr3:// checkpoint: "
+                   "its lease).")  # fmt: skip
+@click.option("--checkpoint",
+              help="An sr3:// checkpoint to rescale in place (default: the state StateSync "
+                   "pushed).")  # fmt: skip
 @click.option("--partitions", required=True, type=click.IntRange(1, 100_000),
               help="The number of state partitions the query runs at from now on.")  # fmt: skip
 @click.option("--dry-run", is_flag=True,
@@ -328,8 +333,8 @@ def _restore_line(query: str, target: Path, restored: int, report: RestoreReport
 @ring_options
 @fail_cleanly
 def spark_rescale(
-    query: str, partitions: int, dry_run: bool, scratch: Path | None, topology: str,
-    as_json: bool, ring: str | None, secret_file: Path | None,
+    query: str, checkpoint: str | None, partitions: int, dry_run: bool, scratch: Path | None,
+    topology: str, as_json: bool, ring: str | None, secret_file: Path | None,
 ) -> None:  # fmt: skip
     """Rescale a stopped query's state on the ring to --partitions state partitions: the
     newest batch is restored into a scratch folder, repartitioned by Spark's own runner
@@ -340,21 +345,31 @@ def spark_rescale(
     import importlib.util
 
     from spark_connector.manifest import check_query_name
-    from spark_connector.rescale import rescale
+    from spark_connector.rescale import dry_run_fs, rescale, rescale_fs
 
     check_query_name(query)
+    if checkpoint is not None and not checkpoint.startswith("sr3:"):
+        fail("--checkpoint: an sr3:// path (a local checkpoint's state is on the ring: omit it)")
     if importlib.util.find_spec("pyspark") is None:
         fail("pyspark is not installed here: sr3 spark rescale runs Spark's repartition")
     settings = ring_settings(ring, secret_file)
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
-    spark = _rescale_session()
+    spark = _rescale_session(None if checkpoint is None else settings)
     try:
         with SyncClient(settings.ring, settings.secret, options=client_options(settings)) as client:
-            report = rescale(
-                client, query, partitions, spark, scratch_dir=scratch, topology=topology,
-                dry_run=dry_run,
-            )  # fmt: skip
+            if checkpoint is None:
+                report = rescale(
+                    client, query, partitions, spark, scratch_dir=scratch, topology=topology,
+                    dry_run=dry_run,
+                )  # fmt: skip
+            elif dry_run:
+                report = dry_run_fs(
+                    settings.ring, settings.secret, query, checkpoint, partitions, spark,
+                    scratch_dir=scratch,
+                )  # fmt: skip
+            else:
+                report = rescale_fs(client, query, checkpoint, partitions, spark)
     finally:
         spark.stop()
     if as_json:
@@ -364,15 +379,18 @@ def spark_rescale(
         click.echo(line)
 
 
-def _rescale_session() -> Any:
-    """A local SparkSession for Spark's runner (it reads the checkpoint's own conf)."""
+def _rescale_session(fs_settings: Settings | None) -> Any:
+    """A local SparkSession for Spark's runner (it reads the checkpoint's own conf), with
+    the sr3:// conf when ``fs_settings`` are given."""
     from pyspark.sql import SparkSession
 
+    from spark_connector.conf import spark_conf
     from sr3.spark_demo import SPARK_CONF, scratch_conf
 
+    fs_conf = {} if fs_settings is None else spark_conf(fs_settings.ring, fs_settings.secret)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master("local[2]").appName("sr3-rescale")
-    for key, value in {**SPARK_CONF, **scratch_conf()}.items():
+    for key, value in {**SPARK_CONF, **scratch_conf(), **fs_conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
