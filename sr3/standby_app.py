@@ -316,13 +316,17 @@ def _executed(progress: Any) -> bool:
 
 def state_rows(spark: Any, checkpoint: str) -> list[str]:
     """Every stateful operator's rows in the checkpoint's newest version, as sorted JSON
-    lines (Spark's state data source)."""
+    lines (Spark's state data source), without the partition each row is in: which
+    partition holds a key depends on the query's number of state partitions, not on
+    its state (a rescaled query's rows are the same in other partitions)."""
     rows: list[str] = []
     operators = spark.read.format("state-metadata").load(checkpoint).collect()
     for operator in sorted({int(row["operatorId"]) for row in operators}):
         frame = spark.read.format("statestore").option("operatorId", operator).load(checkpoint)
         for row in frame.collect():
-            rows.append(json.dumps([operator, row.asDict(recursive=True)], default=str))
+            values = row.asDict(recursive=True)
+            values.pop("partition_id", None)
+            rows.append(json.dumps([operator, values], default=str))
     return sorted(rows)
 
 

@@ -60,6 +60,15 @@ from sr3.standby_app import SINKS, StandbyJob, read_events, start
 
 __all__ = [
     "CHECKPOINT_MODES",
+    "App",
+    "compare_state",
+    "first_event",
+    "launched",
+    "newest_batch",
+    "row_counts",
+    "row_differences",
+    "wait_done",
+    "wait_for_events",
     "StandbyDrillOptions",
     "StandbyDrillReport",
     "committed_parquet_files",
@@ -213,7 +222,7 @@ class _Comparison:
 
 
 @dataclass(frozen=True, slots=True)
-class _App:
+class App:
     name: str
     job: StandbyJob
     process: subprocess.Popen[bytes]
@@ -276,23 +285,28 @@ def _run_apps(
     start_s = SPARK_START_S_MAX
     with contextlib.ExitStack() as apps:
         reference = apps.enter_context(
-            _launched("reference", _job(options, home, "reference"), env, home)
+            launched("reference", _job(options, home, "reference"), env, home)
         )
-        app_a = apps.enter_context(_launched("A", _job(options, home, "a"), env, home))
-        _wait_for(app_a, lambda events: _first(events, "took_over") is not None,
-                  "it took the query over", start_s)  # fmt: skip
+        app_a = apps.enter_context(launched("A", _job(options, home, "a"), env, home))
+        wait_for_events(
+            app_a, lambda events: first_event(events, "took_over") is not None,
+            "it took the query over", start_s,
+        )  # fmt: skip
         say("A holds the query (fence 1); B starts")
-        app_b = apps.enter_context(_launched("B", _job(options, home, "b"), env, home))
-        _wait_for(app_b, lambda events: _first(events, "ready") is not None, "it was ready",
-                  start_s, others=[app_a])  # fmt: skip
+        app_b = apps.enter_context(launched("B", _job(options, home, "b"), env, home))
+        wait_for_events(
+            app_b, lambda events: first_event(events, "ready") is not None, "it was ready",
+            start_s, others=[app_a],
+        )  # fmt: skip
         say("B stands by; waiting for the reference run to finish")
-        _wait_done(reference, start_s + options.files * BATCH_S_MAX)
+        wait_done(reference, start_s + options.files * BATCH_S_MAX)
         (home / "input-staged").rename(home / "input")  # replaces the empty directory
         say(f"input released: {options.files} files; A runs")
         due = options.kill_after_batch
-        _wait_for(app_a, lambda events: _newest_batch(events) >= due,
-                  f"it committed batch {due}", (due + 1) * BATCH_S_MAX + 30,
-                  others=[app_b])  # fmt: skip
+        wait_for_events(
+            app_a, lambda events: newest_batch(events) >= due, f"it committed batch {due}",
+            (due + 1) * BATCH_S_MAX + 30, others=[app_b],
+        )  # fmt: skip
         kill = _kill_together(app_a, cluster, options)
         say(f"SIGKILLed A (after batch {kill.after_batch}) and {', '.join(kill.peers)}")
         finish_s = options.lease_timeout_s + TAKEOVER_S_MAX + options.files * BATCH_S_MAX
@@ -328,19 +342,19 @@ def _job(options: StandbyDrillOptions, home: Path, name: str) -> StandbyJob:
 
 
 @contextlib.contextmanager
-def _launched(name: str, job: StandbyJob, env: dict[str, str], home: Path) -> Iterator[_App]:
+def launched(name: str, job: StandbyJob, env: dict[str, str], home: Path) -> Iterator[App]:
     """An application in a session of its own; its whole group is SIGKILLed on the way out."""
     log_path = home / f"app-{name.lower()}.log"
     process = start(job, env, log_path)
     try:
-        yield _App(name, job, process, log_path)
+        yield App(name, job, process, log_path)
     finally:
         kill_group(process)
 
 
-def _wait_for(
-    app: _App, done: Callable[[list[dict[str, Any]]], bool], what: str, timeout_s: float,
-    *, others: Sequence[_App] = (),
+def wait_for_events(
+    app: App, done: Callable[[list[dict[str, Any]]], bool], what: str, timeout_s: float,
+    *, others: Sequence[App] = (),
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Poll ``app``'s events until ``done``; fail if it (or one of ``others``) exits first."""
     deadline = time.monotonic() + timeout_s
@@ -361,18 +375,18 @@ def _wait_for(
         time.sleep(POLL_S)
 
 
-def _wait_done(app: _App, timeout_s: float) -> None:
+def wait_done(app: App, timeout_s: float) -> None:
     try:
         code = app.process.wait(timeout_s)
     except subprocess.TimeoutExpired:
         raise SR3Error(
             f"application {app.name} did not finish in {timeout_s:.0f} s\n{app.tail()}"
         ) from None
-    if code != 0 or _first(app.events(), "done") is None:
+    if code != 0 or first_event(app.events(), "done") is None:
         raise SR3Error(f"application {app.name} failed (exit {code})\n{app.tail()}")
 
 
-def _kill_together(app: _App, cluster: LocalCluster, options: StandbyDrillOptions) -> _Kill:
+def _kill_together(app: App, cluster: LocalCluster, options: StandbyDrillOptions) -> _Kill:
     """SIGKILL A's whole group and R-1 seeded peers at once."""
     members = [peer.peer_id for peer in cluster.cluster.peers]
     victims = tuple(sorted(random.Random(options.seed).sample(members, options.killed_peers)))
@@ -381,14 +395,14 @@ def _kill_together(app: _App, cluster: LocalCluster, options: StandbyDrillOption
     for peer_id in victims:
         cluster.kill(peer_id)
     kill_group(app.process)
-    return _Kill(wall, _newest_batch(app.events()), victims)
+    return _Kill(wall, newest_batch(app.events()), victims)
 
 
-def _first(events: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+def first_event(events: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
     return next((event for event in events if event.get("event") == name), None)
 
 
-def _newest_batch(events: list[dict[str, Any]]) -> int:
+def newest_batch(events: list[dict[str, Any]]) -> int:
     batches = [int(e["batch"]) for e in events if e.get("event") == "committed"]
     return max(batches, default=-1)
 
@@ -402,13 +416,13 @@ def _report(
 ) -> StandbyDrillReport:  # fmt: skip
     events_a = read_events(home / "events-a.jsonl")
     events_b = read_events(home / "events-b.jsonl")
-    took_a, took = _first(events_a, "took_over"), _first(events_b, "took_over") or {}
+    took_a, took = first_event(events_a, "took_over"), first_event(events_b, "took_over") or {}
     commits = [e for e in events_b if e.get("event") == "committed"]
     first = commits[0] if commits else {}
-    done = _first(events_b, "done")
+    done = first_event(events_b, "done")
     resumed = took.get("resumed_after")
     output = _compare_output(options, home)
-    state_matched, state_rows = _compare_state(home / "state-reference.json", home / "state-b.json")
+    state_matched, state_rows = compare_state(home / "state-reference.json", home / "state-b.json")
 
     def since_kill(event: dict[str, Any]) -> float | None:
         # Wall clocks of one machine: the applications' event times against the kill's.
@@ -436,7 +450,7 @@ def _report(
     )  # fmt: skip
 
 
-def _compare_state(reference_path: Path, path: Path) -> tuple[bool, int]:
+def compare_state(reference_path: Path, path: Path) -> tuple[bool, int]:
     """Whether B's state rows at the last batch are the reference's; how many rows."""
     reference = json.loads(reference_path.read_text())
     if not path.exists():
@@ -454,7 +468,7 @@ def _compare_output(options: StandbyDrillOptions, home: Path) -> _Comparison:
     merged = merge_outputs(active, standby, options.until_batch)
     replayed = tuple(sorted(batch for batch in active if batch in standby))
     identical = all(active[batch] == standby[batch] for batch in replayed)
-    differences = _differences(_row_counts(merged), _row_counts(reference))
+    differences = row_differences(row_counts(merged), row_counts(reference))
     apart = [b for b in sorted(set(merged) | set(reference)) if merged.get(b) != reference.get(b)]
     # What must hold is every row once; which batch emits it may move (``until_batch``).
     return _Comparison(
@@ -479,7 +493,7 @@ def _compare_files(output_dir: Path, reference_dir: Path) -> _Comparison:
     written = {path.resolve() for path in output_dir.glob("*.parquet")}
     rows = _parquet_rows(committed)
     reference = _parquet_rows(committed_parquet_files(reference_dir))
-    differences = _differences(rows, reference)
+    differences = row_differences(rows, reference)
     return _Comparison(
         matched=bool(reference) and not differences,
         rows_reference=sum(reference.values()), rows_after=sum(rows.values()),
@@ -532,7 +546,7 @@ def _parquet_rows(paths: Sequence[Path]) -> Counter[Row]:
     return rows
 
 
-def _row_counts(output: Output) -> Counter[Row]:
+def row_counts(output: Output) -> Counter[Row]:
     return Counter(row for rows in output.values() for row in rows)
 
 
@@ -540,7 +554,7 @@ def _rows(output: Output) -> int:
     return sum(len(rows) for rows in output.values())
 
 
-def _differences(after: Counter[Row], reference: Counter[Row]) -> tuple[str, ...]:
+def row_differences(after: Counter[Row], reference: Counter[Row]) -> tuple[str, ...]:
     """Rows only one side has, a few: "+" after the kill, "-" the reference."""
     extra = [f"+ {row}" for row in sorted((after - reference).elements())]
     missing = [f"- {row}" for row in sorted((reference - after).elements())]
