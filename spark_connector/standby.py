@@ -77,7 +77,7 @@ from spark_connector.rescale import (
     unfinished_rescale,
 )
 from spark_connector.restore import read_manifest
-from spark_connector.sync import StateSync
+from spark_connector.sync import DRAIN_S_DEFAULT, StateSync
 from spark_connector.warm import WarmReport, warm_state
 
 __all__ = ["STANDBY_STATUS_FORMAT", "Standby", "StandbyStatus", "Takeover", "standbys_prefix"]
@@ -175,6 +175,7 @@ class Takeover:
     # The batch Spark's runner wrote to bring the state to ``Standby(partitions=...)``
     # before the query started (a rescale by handover); None when none was needed.
     rescaled: int | None = None
+    rescale_s: float = 0.0
 
 
 class Standby:
@@ -523,7 +524,9 @@ class Standby:
         if self.mode == "fs":
             self.lease.add_listener(self._tell_jvm)
             self._tell_jvm(self.lease.fence, self.lease.remaining_s())
+        rescale_started = self._clock()
         rescaled = self._rescale(resumed, planned)
+        rescale_s = self._clock() - rescale_started if rescaled is not None else 0.0
         if self.mode == "sync":
             self.sync = StateSync(
                 self._ring, self.query, self.checkpoint, self._secret,
@@ -543,7 +546,7 @@ class Standby:
         started = self._clock()
         self.takeover = Takeover(
             self.lease.fence, previous, resumed, waited, catch_up_bytes,
-            caught_up - took_at, started - caught_up, planned, rescaled,
+            caught_up - took_at, started - caught_up, planned, rescaled, rescale_s,
         )  # fmt: skip
         log.warning(
             "sr3 %s took query %s over with fence %d from %s, resuming after batch %s%s "
@@ -636,17 +639,27 @@ class Standby:
         """Wait until this application lost the lease (True) or ``timeout_s`` passed."""
         return self._lost.wait(timeout_s)
 
-    def close(self) -> None:
-        """Stop waiting or driving: a query this application drives is stopped, its
-        pushes finished, the lease released (a standby takes it at once) and the
-        status record dropped."""
-        self._closing.set()
+    def stop_query(self, drain_s: float = DRAIN_S_DEFAULT) -> None:
+        """Stop the query this application drives, on purpose: a local checkpoint's
+        query first finishes the batch in flight and plans no other (``StateSync.drain``,
+        at most ``drain_s``), so that whoever takes over resumes after a committed batch
+        (and a standby started at another count can rescale at once)."""
         query = self.streaming_query
-        if query is not None and not self._lost.is_set():
-            try:
-                query.stop()
-            except Exception:
-                log.exception("sr3: stopping query %s failed", self.query)
+        if query is None or self._lost.is_set():
+            return
+        if self.sync is not None:
+            self.sync.drain(drain_s)
+        try:
+            query.stop()
+        except Exception:  # py4j or Spark: the query is being torn down regardless
+            log.exception("sr3: stopping query %s failed", self.query)
+
+    def close(self) -> None:
+        """Stop waiting or driving: a query this application drives is stopped (after
+        the batch in flight: ``stop_query``), its pushes finished, the lease released (a
+        standby takes it at once) and the status record dropped."""
+        self._closing.set()
+        self.stop_query()
         if self.sync is not None:
             if self.lease.valid():
                 try:
@@ -655,7 +668,7 @@ class Standby:
                     log.warning("sr3: the last batch of %s was not pushed: %s", self.query, exc)
             self.sync.close()
         self.lease.release()
-        if self.mode == "fs" and query is not None:
+        if self.mode == "fs" and self.streaming_query is not None:
             self._tell_jvm(0, 0.0)
         try:
             self._drop_status()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -46,6 +47,8 @@ from ring.config import resolve
 from ring.errors import ConfigError, SR3Error
 from ring.sync_client import SyncClient, SyncClientClosed
 from spark_connector.catalog import forget, latest_batch, query_batches, ring_queries
+from spark_connector.checkpoint import list_checkpoint
+from spark_connector.cut import CheckpointError
 from spark_connector.lease import QueryLease
 from spark_connector.manifest import Manifest, check_query_name
 from spark_connector.plan_hook import PlanCancelled, PlanHook, hook_plans, unhook_plans
@@ -85,6 +88,19 @@ log = logging.getLogger(__name__)
 # before the batch fails (the query stops rather than run ahead of its recovery point).
 PLAN_WAIT_S_DEFAULT = 600.0
 PLAN_WAIT_S_MAX = 86_400.0
+# How long drain() waits for the batch in flight to commit, and how often it looks.
+DRAIN_S_DEFAULT = 120.0
+DRAIN_POLL_S = 0.1
+
+
+def _log_batches(entries: Any, log_name: str) -> list[int]:
+    """The batch ids of a checkpoint listing's ``offsets`` or ``commits`` log."""
+    ids = []
+    for entry in entries:
+        folder, _, name = entry.path.partition("/")
+        if folder == log_name and name.isascii() and name.isdigit():
+            ids.append(int(name))
+    return ids
 
 
 class StateSync:
@@ -143,6 +159,8 @@ class StateSync:
         # The query whose batches are planned here (start_query, register): a plan
         # waiting for a push gives up once it stops.
         self._query: Any = None
+        # Set by drain(): no new batch is planned; a plan asked for waits for the stop.
+        self._draining = threading.Event()
         # What the last restore() laid down of the next batch's plan, if anything.
         self.last_plan: PlacedPlan | None = None
         # The worker calls self.push: what a subclass adds to a push holds for its pushes.
@@ -257,6 +275,18 @@ class StateSync:
         self._listener = make_listener(str(query.id), self.committed)
         self._spark_streams.addListener(self._listener)
 
+    def _refuse_while_draining(self, batch_id: int) -> None:
+        """Hold a plan asked for while draining until the query stops, then give it up
+        (a stop's interruption, not a failure); bounded by ``plan_wait_s``."""
+        deadline = time.monotonic() + self.plan_wait_s
+        while time.monotonic() < deadline:
+            self._query_stopped()
+            time.sleep(DRAIN_POLL_S)
+        raise SR3Error(
+            f"batch {batch_id} of query {self.query} was not planned: the query is being "
+            f"drained and did not stop within {self.plan_wait_s:.0f} s"
+        )
+
     def _query_stopped(self) -> None:
         """``PlanCancelled`` once the query whose plan waits is stopping."""
         query = self._query
@@ -274,9 +304,39 @@ class StateSync:
             raise ConfigError("no active SparkSession: pass spark=...")
         return active
 
+    def drain(self, timeout_s: float = DRAIN_S_DEFAULT) -> bool:
+        """Before stopping the query on purpose (a planned handover, the end of a run):
+        plan no new batch, and wait up to ``timeout_s`` until the batch in flight, if
+        any, committed; True when none is in flight. A plan Spark asks for from now on
+        waits until the query is stopped and is given up, so that the stop leaves no
+        batch planned and not committed for whoever resumes the query."""
+        self._draining.set()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                entries = list_checkpoint(self.checkpoint_dir)
+            except CheckpointError:
+                return True
+            planned = max(_log_batches(entries, "offsets"), default=-1)
+            if planned <= max(_log_batches(entries, "commits"), default=-1):
+                return True
+            query = self._query
+            if query is not None and not query.isActive:
+                return False  # stopped already: the batch in flight will not commit now
+            if time.monotonic() > deadline:
+                log.warning(
+                    "sr3: batch %d of query %s did not commit within %.0f s of the drain; "
+                    "it stays planned for whoever resumes the query", planned, self.query,
+                    timeout_s,
+                )  # fmt: skip
+                return False
+            time.sleep(DRAIN_POLL_S)
+
     def _planned(self, batch_id: int, offsets: bytes) -> None:
         """Spark is about to run ``batch_id`` with ``offsets`` (on the query's thread):
         the previous batch's manifest on the ring first, then this batch's plan."""
+        if self._draining.is_set():
+            self._refuse_while_draining(batch_id)
         try:
             if batch_id > 0:
                 if not (self.checkpoint_dir / "commits" / str(batch_id - 1)).exists():

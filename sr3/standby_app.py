@@ -259,7 +259,7 @@ def run(job: StandbyJob) -> int:
             "took_over", holder=standby.lease.holder, fence=takeover.fence,
             previous=None if previous is None else previous.holder,
             resumed_after=takeover.resumed_after, planned=takeover.planned,
-            rescaled=takeover.rescaled,
+            rescaled=takeover.rescaled, rescale_s=takeover.rescale_s,
             waited_s=takeover.waited_s,
             catch_up_bytes=takeover.catch_up_bytes, catch_up_s=takeover.catch_up_s,
             start_s=takeover.start_s,
@@ -300,7 +300,7 @@ def _drive(job: StandbyJob, standby: Any, query: Any, events: _Events, started: 
             and not query.status["isTriggerActive"]
         )
         if reached or idle:
-            query.stop()
+            standby.stop_query()
             if job.state_path:
                 _write_state(None, job)
             events.write("done", batch=newest, idle=idle and not reached)

@@ -271,3 +271,49 @@ def test_a_query_stopped_while_its_plan_waits_for_a_push_stops_cleanly(
     finally:
         release.set()
         sync.close()
+
+
+@pytest.mark.slow
+def test_a_drained_query_stops_after_its_batch_in_flight_and_plans_no_other(
+    spark: Any, ring: LocalCluster, tmp_path: Path
+) -> None:
+    """Breaks: the application stops its query on purpose (a planned handover) while a
+    batch runs, and more input arrives meanwhile. Must hold: ``drain`` waits for the
+    batch in flight to commit, the next batch is not planned (no ``offsets/N`` on disk,
+    no plan on the ring), and the stop is clean: whoever resumes starts after a
+    committed batch, with nothing to run again."""
+    import threading
+
+    _hdfs_provider(spark)
+    query_name = f"plans-drain-{time.monotonic_ns() % 10**9}"
+    input_dir, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    output: Rows = {}
+    inside = threading.Event()
+    write_rows(input_dir, 0, 2)
+
+    def slow(batch: Any, batch_id: int) -> None:
+        output[batch_id] = sorted((r["key"], r["ts"].isoformat()) for r in batch.collect())
+        if batch_id == 1:
+            inside.set()
+            time.sleep(3.0)  # the batch in flight while the drain starts
+
+    writer = (
+        deduplicated(spark, input_dir)
+        .writeStream.outputMode("append")
+        .foreachBatch(slow)
+        .trigger(processingTime="100 milliseconds")
+    )
+    with StateSync(ring.ring, query_name, checkpoint, ring.secret) as sync:
+        query = sync.start_query(writer, spark)
+        wait_until(lambda: 0 in output, "batch 0", WAIT_S)
+        write_rows(input_dir, 1, 3)
+        assert inside.wait(WAIT_S)
+        write_rows(input_dir, 2, 4)  # would be batch 2 (or more) once batch 1 commits
+        assert sync.drain(timeout_s=WAIT_S)
+        committed = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+        query.stop()
+        assert query.exception() is None, query.exception()
+        planned = max(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit())
+        assert planned == committed, "a batch was planned after the drain"
+        with SyncClient(ring.ring, ring.secret) as client:
+            assert read_plan(client, query_name, committed + 1) is None

@@ -81,6 +81,26 @@ def _refuse_other_mode(context: click.Context, spark_standby: bool) -> None:
     help="Drill a Spark query's hot standby instead (needs sr3[spark] and Java 17).",
 )
 @click.option(
+    "--spark-rescale",
+    "spark_rescale",
+    metavar="FROM:TO",
+    help="Drill rescaling a Spark query's state through the ring from FROM to TO state "
+    "partitions, offline and by standby handover (needs sr3[spark] and Java 17).",
+)
+@click.option(
+    "--rescale-mode",
+    type=click.Choice(["offline", "handover", "both"]),
+    default="both",
+    show_default=True,
+    help="--spark-rescale: rescale the stopped query on the ring, or hand it to a standby "
+    "started at the new count, or both one after the other.",
+)
+@click.option(
+    "--kill-peers",
+    is_flag=True,
+    help="--spark-rescale: SIGKILL R-1 peers as the rescale starts.",
+)
+@click.option(
     "--checkpoint-mode",
     type=click.Choice(["sync", "fs"]),
     default="sync",
@@ -123,8 +143,8 @@ def drill(
     replication: int, fail_count: int, state_size: str, topologies: str,
     peer_bandwidth: str | None, requester_bandwidth: str | None, latency_ms: float,
     fan_in: int, seed: int, repeat: int, json_path: Path | None, plot_path: Path | None,
-    spark_standby: bool, checkpoint_mode: str, sink: str, files: int, lease_timeout_s: float,
-    master: str,
+    spark_standby: bool, spark_rescale: str | None, rescale_mode: str, kill_peers: bool,
+    checkpoint_mode: str, sink: str, files: int, lease_timeout_s: float, master: str,
 ) -> None:  # fmt: skip
     """Rehearse a multi-failure recovery: write state, SIGKILL --fail peers at once,
     recover it with each topology, verify it, wait for the ring to heal, report.
@@ -135,7 +155,23 @@ def drill(
     With --spark-standby (always on a fresh local ring): a Spark query runs in an active
     application with a hot standby; the active one's whole process and R-1 peers are
     SIGKILLed at once, the standby takes over; its output and state must equal an
-    uninterrupted run's. Exit code 2 when they do not or the standby never took over."""
+    uninterrupted run's. Exit code 2 when they do not or the standby never took over.
+
+    With --spark-rescale FROM:TO (always on a fresh local ring): a Spark query runs at
+    FROM state partitions, is rescaled through the ring to TO mid-stream (offline, and by
+    a standby's handover), and its output and state must equal an uninterrupted run's.
+    Exit code 2 when they do not."""
+    if spark_rescale is not None:
+        if spark_standby:
+            raise ConfigError("--spark-rescale and --spark-standby: one drill at a time")
+        _refuse_other_mode(context, True)
+        _rescale_drill(
+            spark_rescale, rescale_mode, kill_peers, peers or 5, replication, seed,
+            files if context.get_parameter_source("files") != click.core.ParameterSource.DEFAULT
+            else 12,
+            json_path,
+        )  # fmt: skip
+        return
     _refuse_other_mode(context, spark_standby)
     if spark_standby:
         _standby_drill(
@@ -229,6 +265,48 @@ def _standby_drill(
     progress = Console(stderr=True, highlight=False)
     report = run_standby_drill(options, say=lambda line: progress.print(f"[dim]  {line}[/]"))
     _print_standby(report)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if not report.ok:
+        sys.exit(2)
+
+
+def _rescale_drill(
+    counts: str, mode: str, kill_peers: bool, peers: int, replication: int, seed: int,
+    files: int, json_path: Path | None,
+) -> None:  # fmt: skip
+    from sr3.rescale_drill import MODES, RescaleDrillOptions, run_rescale_drill
+
+    first, _, second = counts.partition(":")
+    if not (first.isascii() and first.isdigit() and second.isascii() and second.isdigit()):
+        raise ConfigError("--spark-rescale: FROM:TO, two numbers of partitions (4:16)")
+    options = RescaleDrillOptions(
+        from_partitions=int(first), to_partitions=int(second),
+        modes=MODES if mode == "both" else (mode,), files=files, kill_peers=kill_peers,
+        peers=peers, replication=replication, seed=seed,
+    )  # fmt: skip
+    progress = Console(stderr=True, highlight=False)
+    report = run_rescale_drill(options, say=lambda line: progress.print(f"[dim]  {line}[/]"))
+    table = Table(
+        title=(
+            f"sr3 drill --spark-rescale {report.from_partitions}:{report.to_partitions}: "
+            f"{report.files} files (seed {report.seed})"
+        )
+    )
+    for column in ("Mode", "Rescaled batch", "Rescale", "Pause", "Peers killed", "Output",
+                   "State"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "Mode" else "right")
+    for run in report.runs:
+        table.add_row(
+            run.mode, "-" if run.rescaled_batch is None else str(run.rescaled_batch),
+            _seconds(run.rescale_s), _seconds(run.pause_s), ", ".join(run.killed_peers) or "-",
+            "[green]MATCH[/]" if run.output_matched else "[red]MISMATCH[/]",
+            "[green]MATCH[/]" if run.state_matched else "[red]MISMATCH[/]",
+        )  # fmt: skip
+    Console().print(table)
+    for run in report.runs:
+        for difference in run.differences:
+            Console().print(f"  {run.mode}: {difference}", highlight=False)
     if json_path is not None:
         json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if not report.ok:
