@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-cluster test-containers test-standby lint check bench faults clean jar
+.PHONY: install demo test test-cluster test-containers test-standby lint check bench faults rescale-kills clean jar
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,13 @@ SR3_FAULT_NEMESES ?=
 faults: install
 	$(PY) benchmarks/fault_runs.py --seeds $(SR3_FAULT_SEEDS) --scale $(SR3_FAULT_SCALE) \
 		$(foreach nemesis,$(subst $(comma), ,$(SR3_FAULT_NEMESES)),--nemesis $(nemesis))
+
+# A rescale through the ring SIGKILLed at a random moment, 10 rounds (make test runs 2):
+# after each, the ring's newest batch runs at the old or the new count.
+SR3_RESCALE_KILL_ROUNDS ?= 10
+rescale-kills: install
+	SR3_RESCALE_KILL_ROUNDS=$(SR3_RESCALE_KILL_ROUNDS) $(PY) -m pytest -q \
+		tests/test_rescale.py -k killed_at_any_moment
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

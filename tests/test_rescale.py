@@ -393,3 +393,75 @@ def _delete(spark: Any, uri: str) -> None:
     jvm = spark._jvm
     path = jvm.org.apache.hadoop.fs.Path(uri)
     assert path.getFileSystem(spark._jsc.hadoopConfiguration()).delete(path, False)
+
+
+@pytest.mark.slow
+def test_a_rescale_killed_at_any_moment_leaves_a_batch_that_runs_at_one_count(
+    spark: Any, ring: LocalCluster, tmp_path: Path, rng: Any
+) -> None:
+    """Breaks: ``sr3 spark rescale`` (its process group: Python and its JVM) is SIGKILLed
+    at a random moment, ``SR3_RESCALE_KILL_ROUNDS`` times (2 here; ``make rescale-kills``
+    runs 10). Must hold after each kill: the ring's newest batch restores, runs at the
+    old or the new count, and the query finishes the input from it with the output and
+    state of a run never rescaled; the next round's rescale takes the lease the killed
+    one held once it lapses."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from spark_fixtures import write_input
+
+    _provider(spark, ROCKSDB)
+    rounds = int(os.environ.get("SR3_RESCALE_KILL_ROUNDS", "2"))
+    query_name = f"rescale-kill-{time.monotonic_ns() % 10**9}"
+    input_dir = tmp_path / "in"
+    for index in range(4):
+        write_input(input_dir, index)
+    first: dict[int, Any] = {}
+    with StateSync(ring.ring, query_name, tmp_path / "a", ring.secret) as sync:
+        _run(spark, sync, input_dir, tmp_path / "a", first)
+    reference: dict[int, Any] = {}
+    _run(spark, None, input_dir, tmp_path / "reference", reference)
+    rest = tmp_path / "rest"
+    for index in range(4, 7):
+        write_input(rest, index)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SR3_")}
+    env["SR3_CLUSTER_FILE"] = str(ring.cluster_file)
+    counts = {2: 4, 4: 2}
+    seen: list[int] = []
+    for round_number in range(rounds):
+        current = _newest_partitions(ring, query_name, tmp_path / f"peek-{round_number}")
+        log_path = tmp_path / f"rescale-{round_number}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "sr3", "spark", "rescale", "--query", query_name,
+                 "--partitions", str(counts[current])],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        time.sleep(rng.uniform(2.0, 25.0))
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        after = _newest_partitions(ring, query_name, tmp_path / f"after-{round_number}")
+        assert after in (current, counts[current]), after
+        seen.append(after)
+    # The ring's newest batch (whichever count) finishes the input as the reference does.
+    for index in range(4, 7):
+        write_input(input_dir, index)
+    second: dict[int, Any] = {}
+    with StateSync(ring.ring, query_name, tmp_path / "b", ring.secret) as resumer:
+        resumer.restore()
+        _run(spark, resumer, input_dir, tmp_path / "b", second)
+    _run(spark, None, input_dir, tmp_path / "reference", reference)
+    assert _rows(first) + _rows(second) == _rows(reference), seen
+    assert _state(spark, tmp_path / "b") == _state(spark, tmp_path / "reference"), seen
+
+
+def _newest_partitions(ring: LocalCluster, query: str, target: Path) -> int:
+    """The count the ring's newest batch of ``query`` runs at (restored into ``target``)."""
+    with StateSync(ring.ring, query, target, ring.secret) as peek:
+        batch = peek.restore()
+    assert batch is not None
+    partitions = read_offsets(target, batch)[0]
+    assert partitions is not None
+    return partitions
