@@ -30,6 +30,7 @@ __all__ = [
     "Manifest",
     "ManifestFile",
     "check_query_name",
+    "files_json",
     "optional_fence",
     "optional_text",
     "optional_time",
@@ -130,19 +131,15 @@ class Manifest:
         return f"pushed at {when} from {host}:{self.root}"
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+        head = {
             "format": MANIFEST_FORMAT,
             "query": self.query,
             "batch_id": self.batch_id,
             "state_version": self.state_version,
             "root": self.root,
         }
-        for name in ("pushed_at", "host", "query_id", "fence"):
-            value = getattr(self, name)
-            if value is not None:
-                data[name] = value
-        data["files"] = [{"path": f.path, **f.blob.to_json()} for f in self.files]
-        return data
+        optional = {"pushed_at": self.pushed_at, "host": self.host, "query_id": self.query_id}
+        return files_json(head, {**optional, "fence": self.fence}, self.files)
 
     @classmethod
     def from_json(cls, data: Any) -> Manifest:
@@ -166,6 +163,16 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed manifest: {exc!r}") from exc
+
+
+def files_json(
+    head: dict[str, Any], optional: dict[str, Any], files: tuple[ManifestFile, ...]
+) -> dict[str, Any]:
+    """A record's JSON (a manifest's, a plan's): ``head``, the ``optional`` fields that
+    are set, and ``files`` with their blobs."""
+    data = {**head, **{name: value for name, value in optional.items() if value is not None}}
+    data["files"] = [{"path": f.path, **f.blob.to_json()} for f in files]
+    return data
 
 
 def optional_fence(value: Any) -> int | None:

@@ -57,6 +57,7 @@ from spark_connector.manifest import (
     QUERY_ID_CHARS_MAX,
     ManifestFile,
     check_query_name,
+    files_json,
     format_wall,
     optional_fence,
     optional_text,
@@ -109,18 +110,11 @@ class Plan:
         return f"offsets/{self.batch_id}"
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "format": PLAN_FORMAT,
-            "query": self.query,
-            "batch_id": self.batch_id,
-            "root": self.root,
-        }
-        for name in ("planned_at", "host", "query_id", "fence"):
-            value = getattr(self, name)
-            if value is not None:
-                data[name] = value
-        data["files"] = [{"path": f.path, **f.blob.to_json()} for f in self.files]
-        return data
+        head = {"format": PLAN_FORMAT, "query": self.query, "batch_id": self.batch_id}
+        optional = {"planned_at": self.planned_at, "host": self.host, "query_id": self.query_id}
+        return files_json(
+            {**head, "root": self.root}, {**optional, "fence": self.fence}, self.files
+        )
 
     @classmethod
     def from_json(cls, data: Any) -> Plan:

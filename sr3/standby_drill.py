@@ -61,6 +61,7 @@ from sr3.standby_app import SINKS, StandbyJob, read_events, start
 __all__ = [
     "CHECKPOINT_MODES",
     "App",
+    "app_ring",
     "compare_state",
     "first_event",
     "launched",
@@ -245,6 +246,31 @@ def require_spark() -> None:
         raise ConfigError("the standby drill needs a Java runtime (Java 17): none on PATH")
 
 
+@contextlib.contextmanager
+def app_ring(
+    home: Path, peers: int, replication: int, seed: int, base_port: int, say: Say
+) -> Iterator[tuple[LocalCluster, dict[str, str]]]:
+    """A fresh local ring for a Spark drill under ``home`` (the drill's peer flags), and
+    the environment its applications get: the ring and its secret, loopback Spark, no
+    scoped credential of the caller's. Taken down (purged) on the way out."""
+    cluster = LocalCluster.create(
+        home / "cluster", peers, replication=replication,
+        write_quorum=min(2, replication), cluster_file=home / "cluster.json",
+        base_port=base_port, peer_flags=[*DRILL_PEER_FLAGS, "--seed", str(seed)],
+    )  # fmt: skip
+    cluster.up()
+    say(f"ring up: {peers} peers, R={replication}")
+    try:
+        env = {
+            **os.environ, "SR3_RING": cluster.ring, "SR3_SECRET": cluster.secret,
+            "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONUNBUFFERED": "1",
+        }  # fmt: skip
+        env.pop("SR3_CREDENTIAL", None)
+        yield cluster, env
+    finally:
+        cluster.down(purge=True)
+
+
 def run_standby_drill(
     options: StandbyDrillOptions, say: Say = lambda _: None
 ) -> StandbyDrillReport:
@@ -254,31 +280,19 @@ def run_standby_drill(
         raise ConfigError("--sink files needs pyarrow to read the parquet output")
     with work_home(options.keep_dir, "sr3-standby-drill-") as home:
         started = time.monotonic()
-        cluster = LocalCluster.create(
-            home / "cluster", options.peers, replication=options.replication,
-            write_quorum=min(2, options.replication), cluster_file=home / "cluster.json",
-            base_port=options.base_port,
-            peer_flags=[*DRILL_PEER_FLAGS, "--seed", str(options.seed)],
-        )  # fmt: skip
-        cluster.up()
-        say(f"ring up: {options.peers} peers, R={options.replication}")
-        try:
-            kill, standby_exit = _run_apps(cluster, home, options, say)
+        with app_ring(
+            home, options.peers, options.replication, options.seed, options.base_port, say
+        ) as (cluster, env):
+            kill, standby_exit = _run_apps(cluster, env, home, options, say)
             return _report(options, home, kill, standby_exit, time.monotonic() - started)
-        finally:
-            cluster.down(purge=True)
 
 
 def _run_apps(
-    cluster: LocalCluster, home: Path, options: StandbyDrillOptions, say: Say
-) -> tuple[_Kill, int | None]:
+    cluster: LocalCluster, env: dict[str, str], home: Path, options: StandbyDrillOptions,
+    say: Say,
+) -> tuple[_Kill, int | None]:  # fmt: skip
     """Steps 2 to 5: the reference, A and B; the kill, and B's exit code (None: B did
     not exit in the time allowed)."""
-    env = {
-        **os.environ, "SR3_RING": cluster.ring, "SR3_SECRET": cluster.secret,
-        "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONUNBUFFERED": "1",
-    }  # fmt: skip
-    env.pop("SR3_CREDENTIAL", None)
     write_inputs(home / "input-reference", options.files, options.seed)
     write_inputs(home / "input-staged", options.files, options.seed)
     (home / "input").mkdir()
