@@ -17,6 +17,7 @@ import http.server
 import json
 import random
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -192,6 +193,42 @@ def test_a_peer_killed_mid_transfer_is_routed_around(
         out, err = check.communicate(timeout=JAVA_TIMEOUT_S)
     assert check.returncode == 0, out + err[-3000:]
     assert "PASS a " in out and "FAIL" not in out, out
+
+
+# The JVM's request timeout in the frozen-seed test: an attempt that waited for it on the
+# frozen peer would outlast the subprocess's bound below (a hang guard, not a figure).
+FROZEN_REQUEST_TIMEOUT_MS = 300_000
+FROZEN_CHECK_S = 240
+
+
+def test_requests_go_around_a_frozen_first_seed(
+    jar: Path, ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: the JVM's first seed (peer-1) is frozen (SIGSTOP: it accepts connections,
+    never answers) and its request timeout is 300 s. Must hold: a create, an overwrite,
+    mkdirs, a rename, a delete, a stat, a listing and a read of two blocks, each through
+    a FileSystem of its own (so each starts at the frozen seed), complete with the right
+    results, each having given its first request up on peer-1 (its probe unanswered) or
+    hedged it to the next seed, as the client's counters show."""
+    seeds = [ring.peer(f"peer-{index}").address for index in range(1, 6)]
+    command = _java(jar, ",".join(seeds), "fs.sr3.secret", ring.secret)
+    command[1:1] = [
+        "-Dfs.sr3.seeds.shuffle=false",
+        f"-Dfs.sr3.timeout.ms={FROZEN_REQUEST_TIMEOUT_MS}",
+        f"-Dfs.sr3.connect.timeout.ms={FROZEN_REQUEST_TIMEOUT_MS // 10}",
+    ]
+    root = f"/java/frozen-seed-{rng.randrange(10**9)}"
+    ring.signal("peer-1", signal.SIGSTOP)
+    try:
+        done = subprocess.run(
+            [*command, "sr3.hadoop.ContractCheck", "frozen-seed", root],
+            capture_output=True, text=True, timeout=FROZEN_CHECK_S, check=False,
+        )  # fmt: skip
+    finally:
+        ring.signal("peer-1", signal.SIGCONT)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert len([line for line in lines if line.startswith("PASS ")]) == 9, lines
 
 
 def _chunk_bytes_served(cluster: LocalCluster) -> float:
