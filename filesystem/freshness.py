@@ -3,7 +3,7 @@ stalled while the write was in flight, nor just after a stall, nor once its clie
 
 A client of the namespace (``spark_connector.fs_client``, the Java FileSystem) that
 waits on a coordinator probes it (``GET /v1/health``); when the probe goes unanswered
-for the clients' ``PROBE_TIMEOUT_S`` (1.25 s), it gives the request up, sends it
+for the clients' ``PROBE_TIMEOUT_S`` (1 s), it gives the request up, sends it
 through another peer, and may then write the same path again. A coordinator that was
 frozen meanwhile (SIGSTOP, a paused VM, an event loop blocked) would, once it runs
 again, go on with the request it was serving, or with one that waited in its kernel's
@@ -25,7 +25,7 @@ refused with 503 ``stalled``, writing nothing, when
 
 Why a client that gave up on a coordinator finds it refusing: a probe crosses four
 turns of the peer's loop (accept, read, handle, answer), so a peer whose loop never
-paused more than ``STALL_S`` (0.3 s) answers within 1.2 s, under the clients' 1.25 s.
+paused more than ``STALL_S`` (0.2 s) answers within 0.8 s, under the clients' 1 s.
 A probe unanswered for longer means a stall after it was sent, hence after the request
 was (the request went first), so the request is in flight across it or waited through
 it. A write whose commit had started before the stall holds a version read before it:
@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 # The watch's timer period, and the gap between two of its ticks that counts as a stall
 # (its period included): a loop that kept turning ticks every TICK_S plus its turn.
 TICK_S = 0.05
-STALL_S = 0.3
+STALL_S = 0.2
 # A request whose handler started within this after a stall may have waited through it.
 AFTER_STALL_S = 1.0
 

@@ -57,10 +57,10 @@ LIST_ENTRIES_MAX = 1_000_000
 # A request waiting this long gets its peer probed, and again as long as it waits (one
 # probe of a peer at a time, at most one per PROBE_AFTER_S); a probe unanswered within
 # PROBE_TIMEOUT_S (connecting included) gives the request up on that peer. Peers count a
-# pause of their event loop above 0.3 s as a stall (``filesystem.freshness.STALL_S``): a
-# probe crosses four turns of it, 1.2 s, under PROBE_TIMEOUT_S.
-PROBE_AFTER_S = 0.25
-PROBE_TIMEOUT_S = 1.25
+# pause of their event loop above 0.2 s as a stall (``filesystem.freshness.STALL_S``): a
+# probe crosses four turns of it, 0.8 s, under PROBE_TIMEOUT_S.
+PROBE_AFTER_S = 0.1
+PROBE_TIMEOUT_S = 1.0
 # Reads hedged to the next seed: stats, listings, and ranges of at most this many bytes
 # (a whole file of unknown size is not sent twice).
 HEDGED_READ_BYTES_MAX = 8 * 1024 * 1024

@@ -89,13 +89,13 @@ final class Sr3Client implements Closeable {
   static final long PAUSE_MS_MAX = 5_000;
   static final int JSON_BYTES_MAX = 16 * 1024 * 1024;
   /** A request waiting this long gets its peer probed, and again while it waits. */
-  static final long PROBE_AFTER_MS = 250;
+  static final long PROBE_AFTER_MS = 100;
   /**
    * A probe unanswered within this (connecting included) gives the request up on that peer.
-   * Peers count a pause of their event loop above 0.3 s as a stall
-   * (filesystem/freshness.py): a probe crosses four turns of it, 1.2 s, under this.
+   * Peers count a pause of their event loop above 0.2 s as a stall
+   * (filesystem/freshness.py): a probe crosses four turns of it, 0.8 s, under this.
    */
-  static final long PROBE_TIMEOUT_MS = 1_250;
+  static final long PROBE_TIMEOUT_MS = 1_000;
   /** Ranged reads hedged to the next seed: at most this many bytes (the stream's blocks). */
   static final long HEDGED_READ_BYTES_MAX = 8L * 1024 * 1024;
   /** A hedge's delay: the p95 of recent answers of its kind, within these bounds. */
