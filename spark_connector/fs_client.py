@@ -282,11 +282,11 @@ class FsClient:
             await _stopped([request])
 
     def _probe(self, seed: str) -> asyncio.Task[bool]:
-        """The liveness probe of ``seed`` started within ``PROBE_AFTER_S`` (running or
-        done), else a new one: requests waiting on one peer share its probes."""
+        """The liveness probe of ``seed`` still running or started within
+        ``PROBE_AFTER_S``, else a new one: requests waiting on one peer share its probes."""
         now = time.monotonic()
         last = self._probes.get(seed)
-        if last is not None and now - last[0] < PROBE_AFTER_S:
+        if last is not None and (not last[1].done() or now - last[0] < PROBE_AFTER_S):
             return last[1]
         probe = asyncio.create_task(self._alive(seed))
         self._probes[seed] = (now, probe)

@@ -41,7 +41,8 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
  *   ContractCheck write-across-kill PATH write 20 MiB to PATH, print READY, wait for a
  *                                        line, write 20 MiB more, close, read it back
  *   ContractCheck frozen-seed ROOT       writes and reads under ROOT, each through a
- *                                        FileSystem of its own whose first seed is frozen
+ *                                        FileSystem of its own whose first seed does not
+ *                                        answer (frozen, or stalled mid-answer)
  * </pre>
  *
  * The ring and credential come from the system properties fs.sr3.ring and
@@ -463,9 +464,9 @@ public final class ContractCheck {
 
   /**
    * Each operation through a FileSystem of its own, whose client starts at the first seed
-   * (fs.sr3.seeds.shuffle=false), which the test froze (SIGSTOP) before: it must complete,
-   * right, having given its first request up on that seed or hedged it to the next (the
-   * client's counters), long before the request timeout the test sets.
+   * (fs.sr3.seeds.shuffle=false), which the test froze (SIGSTOP) before, or which stops its
+   * answers midway: it must complete, right, having given its first request up on that
+   * seed or hedged it to the next (the client's counters).
    */
   private void frozenSeed(String root) throws Exception {
     Path base = new Path(root);

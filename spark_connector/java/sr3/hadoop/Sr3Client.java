@@ -10,6 +10,7 @@ import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.security.SecureRandom;
@@ -23,9 +24,11 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionStage;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Flow;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicLong;
@@ -51,8 +54,9 @@ import org.slf4j.LoggerFactory;
  * /v1/health}, answered from memory), again while it waits, one probe of a peer at a time
  * shared by the requests waiting on it; a probe unanswered within {@link #PROBE_TIMEOUT_MS}
  * gives the request up there (its connection closed) and it goes on through the next seed.
- * A peer that answers probes is waited for as long as its answer takes ({@code
- * fs.sr3.timeout.ms} bounds the wait for its first bytes). Peers commit no write they
+ * A peer that answers probes is waited for as long as its answer takes: {@code
+ * fs.sr3.timeout.ms} bounds the wait for the answer's first bytes, then for each next
+ * bytes of its body (an answer that keeps coming is never cut). Peers commit no write they
  * stalled across or that came just after a stall, nor one whose client left
  * (filesystem/freshness.py), so a write given up on one peer cannot land there after its
  * retry through another and a newer write of the same path.
@@ -156,7 +160,11 @@ final class Sr3Client implements Closeable {
   private final AtomicLong abandoned = new AtomicLong();
   private final AtomicLong probesSent = new AtomicLong();
 
-  /** What the client did around peers that did not answer, so far. */
+  /**
+   * What the client did around peers that did not answer, so far: reads also sent to the
+   * next seed, requests given up on a peer (a probe unanswered, or no bytes of its answer
+   * for the request timeout), probes sent.
+   */
   record Stats(long hedges, long abandoned, long probes) {}
 
   /** A liveness probe of a seed: when it was sent, and whether the seed answered. */
@@ -170,16 +178,82 @@ final class Sr3Client implements Closeable {
     final int index;
     final String seed;
     final long startedNanos;
-    final CompletableFuture<HttpResponse<byte[]>> response;
+    CompletableFuture<HttpResponse<byte[]>> response;
+    /** The answer's body once its headers came (null before): what arrived, and when. */
+    volatile Collecting body;
     long probeAtNanos;
     CompletableFuture<Boolean> probe;
 
-    Lane(int index, String seed, CompletableFuture<HttpResponse<byte[]>> response) {
+    Lane(int index, String seed) {
       this.index = index;
       this.seed = seed;
       this.startedNanos = System.nanoTime();
-      this.response = response;
       this.probeAtNanos = startedNanos + TimeUnit.MILLISECONDS.toNanos(PROBE_AFTER_MS);
+    }
+
+    /** When the next probe is due: after a pause of the answer's bytes, or of the wait. */
+    long probeDueNanos() {
+      Collecting arriving = body;
+      return arriving == null
+          ? probeAtNanos
+          : Math.max(
+              probeAtNanos,
+              arriving.lastNanos + TimeUnit.MILLISECONDS.toNanos(PROBE_AFTER_MS));
+    }
+  }
+
+  /**
+   * An answer's body, collected as it arrives (as BodyHandlers.ofByteArray does), with the
+   * time its last bytes came: a body that stops arriving for the request timeout ends the
+   * attempt, one that keeps arriving is never cut.
+   */
+  private static final class Collecting implements HttpResponse.BodySubscriber<byte[]> {
+    private final CompletableFuture<byte[]> done = new CompletableFuture<>();
+    private final List<ByteBuffer> parts = new ArrayList<>();
+    private long size;
+    volatile long lastNanos = System.nanoTime();
+
+    @Override
+    public CompletionStage<byte[]> getBody() {
+      return done;
+    }
+
+    @Override
+    public void onSubscribe(Flow.Subscription subscription) {
+      lastNanos = System.nanoTime();
+      subscription.request(Long.MAX_VALUE);
+    }
+
+    @Override
+    public void onNext(List<ByteBuffer> items) {
+      lastNanos = System.nanoTime();
+      for (ByteBuffer item : items) {
+        size += item.remaining();
+        parts.add(item);
+      }
+    }
+
+    @Override
+    public void onError(Throwable error) {
+      parts.clear();
+      done.completeExceptionally(error);
+    }
+
+    @Override
+    public void onComplete() {
+      if (size > Integer.MAX_VALUE - 8) {
+        done.completeExceptionally(new IOException("sr3: an answer above 2 GiB"));
+        return;
+      }
+      byte[] body = new byte[(int) size];
+      int offset = 0;
+      for (ByteBuffer part : parts) {
+        int length = part.remaining();
+        part.get(body, offset, length);
+        offset += length;
+      }
+      parts.clear();
+      done.complete(body);
     }
   }
 
@@ -456,7 +530,14 @@ final class Sr3Client implements Closeable {
                       lane.seed + ": no answer, and none to a liveness probe within "
                           + PROBE_TIMEOUT_MS + " ms (frozen?)");
             }
-          } else if (lane.probe == null && now >= lane.probeAtNanos) {
+          } else if (lane.body != null && now - lane.body.lastNanos > timeout.toNanos()) {
+            it.remove();
+            lane.response.cancel(true);
+            abandoned.incrementAndGet();
+            last =
+                new IOException(
+                    lane.seed + ": no bytes of the answer for " + timeout.toMillis() + " ms");
+          } else if (lane.probe == null && now >= lane.probeDueNanos()) {
             lane.probe = probe(lane.seed);
           }
         }
@@ -488,7 +569,7 @@ final class Sr3Client implements Closeable {
       if (lane.probe != null) {
         watched.add(lane.probe);
       } else {
-        wakeNanos = Math.min(wakeNanos, lane.probeAtNanos);
+        wakeNanos = Math.min(wakeNanos, lane.probeDueNanos());
       }
     }
     try {
@@ -510,7 +591,10 @@ final class Sr3Client implements Closeable {
     return new IOException(seed + ": " + cause, cause);
   }
 
-  /** The probe of {@code seed} sent within {@link #PROBE_AFTER_MS}, else a new one. */
+  /**
+   * The probe of {@code seed} still running or sent within {@link #PROBE_AFTER_MS}, else a
+   * new one: requests waiting on one peer share its probes.
+   */
   private CompletableFuture<Boolean> probe(String seed) {
     return probes
         .compute(
@@ -518,7 +602,8 @@ final class Sr3Client implements Closeable {
             (key, last) -> {
               long now = System.nanoTime();
               if (last != null
-                  && now - last.sentNanos() < TimeUnit.MILLISECONDS.toNanos(PROBE_AFTER_MS)) {
+                  && (!last.alive().isDone()
+                      || now - last.sentNanos() < TimeUnit.MILLISECONDS.toNanos(PROBE_AFTER_MS))) {
                 return last;
               }
               probesSent.incrementAndGet();
@@ -563,6 +648,7 @@ final class Sr3Client implements Closeable {
 
   private Lane launch(int index, String method, String pathQs, Body body) throws IOException {
     String seed = seeds.get(index);
+    Lane lane = new Lane(index, seed);
     HttpRequest.Builder request =
         HttpRequest.newBuilder(URI.create(scheme + "://" + seed + pathQs))
             .timeout(timeout)
@@ -571,8 +657,9 @@ final class Sr3Client implements Closeable {
         signer.headers(method, seed, pathQs, body.sha256()).entrySet()) {
       request.header(header.getKey(), header.getValue());
     }
-    return new Lane(
-        index, seed, http.sendAsync(request.build(), HttpResponse.BodyHandlers.ofByteArray()));
+    // A new subscriber for each call: the client may send a request again on its own.
+    lane.response = http.sendAsync(request.build(), info -> lane.body = new Collecting());
+    return lane;
   }
 
   private static Answer answer(String seed, HttpResponse<byte[]> response) throws IOException {
