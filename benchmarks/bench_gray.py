@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ring.client import Client
 from ring.config import parse_size
-from spark_connector.fs_client import FsClient, FsClientStats
+from spark_connector.fs_client import FsClient
 from sr3.local import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gray.json"
@@ -176,14 +176,17 @@ def _refusals(cluster: LocalCluster) -> dict[str, int]:
     return counts
 
 
+COUNTERS = ("hedges", "abandoned", "probes")
+
+
 class FsStore:
     """``sr3://`` puts and gets through one client, or a client per operation; the
-    clients' counters summed."""
+    clients' counters (``FsClient.stats``; none in a client without them) summed."""
 
     def __init__(self, seeds: list[str], secret: str, per_op: bool) -> None:
         self._seeds, self._secret, self._per_op = seeds, secret, per_op
         self._shared = FsClient(seeds, secret)
-        self.totals = FsClientStats()
+        self._totals = dict.fromkeys(COUNTERS, 0)
 
     async def _run(self, op: Callable[[FsClient], Awaitable[Any]]) -> Any:
         if not self._per_op:
@@ -192,19 +195,11 @@ class FsStore:
             try:
                 return await op(fs)
             finally:
-                self._add(fs.stats)
-
-    def _add(self, stats: FsClientStats) -> None:
-        self.totals.hedges += stats.hedges
-        self.totals.abandoned += stats.abandoned
-        self.totals.probes += stats.probes
+                for key, value in _counters(fs).items():
+                    self._totals[key] += value
 
     def counters(self) -> dict[str, int]:
-        totals = FsClientStats(self.totals.hedges, self.totals.abandoned, self.totals.probes)
-        if not self._per_op:
-            shared = self._shared.stats
-            totals = FsClientStats(shared.hedges, shared.abandoned, shared.probes)
-        return {"hedges": totals.hedges, "abandoned": totals.abandoned, "probes": totals.probes}
+        return dict(self._totals) if self._per_op else _counters(self._shared)
 
     def store(self) -> Store:
         async def put(key: str, data: bytes) -> object:
@@ -218,6 +213,11 @@ class FsStore:
 
     async def close(self) -> None:
         await self._shared.close()
+
+
+def _counters(fs: FsClient) -> dict[str, int]:
+    stats = getattr(fs, "stats", None)  # a client from before the probes has none
+    return {key: int(getattr(stats, key, 0)) for key in COUNTERS}
 
 
 def _hedges(client: Client) -> dict[str, int]:
