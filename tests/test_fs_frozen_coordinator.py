@@ -125,7 +125,9 @@ async def test_a_write_the_coordinator_froze_across_is_not_committed_after_a_new
     )  # fmt: skip
     async with asyncio.timeout(HANG_S), HttpProbe(ring.secret) as probe:
         await held.send(0, len(older) // 2)
-        await asyncio.sleep(1.0)  # the coordinator's handler reads the first half
+        # The coordinator's handler starts and reads the first half (one that had not
+        # started by the freeze would wait in the buffer instead, and be refused too).
+        await asyncio.sleep(1.0)
         with frozen(ring, "peer-1"):
             await held.send(len(older) // 2, len(older))
             await put_through(probe, other, path, older, op)
