@@ -7,7 +7,8 @@ namespace as it arrives and checked against its signed digest before the file is
 (a body that does not match is never visible). Refusals answer with their 4xx and code;
 a ring that cannot serve answers 503 ``unavailable``. A fenced write (``lease=&fence=``)
 reads its lease record first and is refused with 409 ``fenced`` unless the lease is held
-with that fence.
+with that fence. A coordinator that stalled while serving a write, or just before it came,
+or whose client left, does not commit it (``filesystem.freshness``: 503 ``stalled``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from filesystem.freshness import CommitGuard, GuardedClient
 from filesystem.moves import MoveRefused
 from filesystem.namespace import BODY_PIECE_BYTES, FsError, Namespace
 from filesystem.sweep import sweep_renames
 from ring import api, fs_api, lease
 from ring.api import Route
 from ring.auth import AuthFailure, BodyDigest
-from ring.client import Client, ClientOptions
+from ring.client import ClientOptions
 from ring.client.chunks import first_error
 from ring.errors import (
     DataUnavailable,
@@ -112,12 +114,19 @@ async def _check_fence(ns: Namespace, request: web.Request) -> None:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _answers(handler: Handler) -> Handler:
-    """The namespace's refusals and the ring's unavailability as JSON answers."""
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _answers(handler: Handler, guard: CommitGuard) -> Handler:
+    """The namespace's refusals and the ring's unavailability as JSON answers; the
+    record writes the handler makes pass ``guard`` (marked as serving the request)."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
-            return await handler(request)
+            with guard.serving(lambda: _client_gone(request)):
+                return await handler(request)
         except FsError as exc:
             return _error(exc)
         except NotFound as exc:
@@ -135,6 +144,8 @@ class FileService:
         self.node = node
         self.namespace: Namespace | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.guard = CommitGuard(node.clocks.monotonic)
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self, _app: web.Application) -> None:
         config = self.node.config
@@ -144,18 +155,21 @@ class FileService:
         options = ClientOptions(tls=None if tls is None else tls.as_client)
         # Chunks this peer holds are read from its own store, not through its own HTTP
         # server: most block reads of a file find some of their chunks here.
-        client = Client(
-            config.address, config.secret, options=options, local_chunks=self.node.own_chunks
-        )
+        client = GuardedClient(
+            config.address, config.secret, guard=self.guard, options=options,
+            local_chunks=self.node.own_chunks,
+        )  # fmt: skip
         self.namespace = Namespace(client, lambda: int(self.node.clocks.wall() * 1000))
+        self._watch = asyncio.create_task(self.guard.run())
         if config.rename_sweep_interval_s > 0:
             self._sweeper = asyncio.create_task(self._sweep_renames())
 
     async def stop(self, _app: web.Application) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.namespace is not None:
             await self.namespace.client.close()
 
@@ -330,6 +344,6 @@ def install(app: web.Application, node: Node) -> None:
     }
     for route, handler in routes.items():
         if route.method == "GET":
-            app.router.add_get(route.pattern, _answers(handler), allow_head=False)
+            app.router.add_get(route.pattern, _answers(handler, service.guard), allow_head=False)
         else:
-            app.router.add_route(route.method, route.pattern, _answers(handler))
+            app.router.add_route(route.method, route.pattern, _answers(handler, service.guard))

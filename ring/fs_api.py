@@ -45,6 +45,11 @@ PUT and rename take ``op=<24 lowercase hex digits>``, the operation's id, the sa
 every retry: a retry that finds its operation already done answers as the first attempt
 would have (a create-if-absent that succeeded is not then refused as "exists").
 
+A write of any kind (PUT, DELETE, rename, mkdirs) may answer 503 "stalled", having
+written nothing: its coordinator stalled (frozen, its event loop blocked) while serving
+it or just before it came, or its client closed the connection, so the client may have
+sent it through another peer meanwhile (``filesystem.freshness``). Retry it there.
+
 A stat is ``{"path", "type": "file"|"directory", "size", "mtime_ms", "version"}``, and
 a file's stat (not a listing's entries) ``"checksum"``: ``CHECKSUM_ALGORITHM`` of its
 bytes, hex, equal for equal bytes (``distcp -update`` compares them). Paths

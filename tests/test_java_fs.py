@@ -17,6 +17,7 @@ import http.server
 import json
 import random
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -146,6 +147,69 @@ def test_a_seed_whose_clock_is_off_is_passed_over(
     assert not [line for line in lines if line.startswith("FAIL ")], lines
 
 
+class _StallingSeed(http.server.BaseHTTPRequestHandler):
+    """A seed that answers liveness probes but stops every other answer after its first
+    bytes, its connection left open: alive, but its answers never come whole."""
+
+    released = threading.Event()
+
+    def _stall(self) -> None:
+        if self.path == "/v1/health":
+            body = b'{"status": "ok"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(min(length, 64 * 1024 * 1024))
+        self.send_response(200)
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        self.wfile.write(b"x" * 10)
+        self.wfile.flush()
+        self.released.wait(JAVA_TIMEOUT_S)
+        self.close_connection = True
+
+    do_GET = do_PUT = do_POST = do_DELETE = _stall
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_seed_whose_answers_stop_midway_is_given_up_after_the_timeout(
+    jar: Path, ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: the JVM's first seed answers probes, but sends only the first bytes of
+    every other answer and then nothing, its connection open (a peer whose transfer
+    stalled). Must hold, with fs.sr3.timeout.ms at 5 s: each kind of request, through a
+    FileSystem of its own (so each starts at that seed), completes with the right
+    result, the writes (which are not hedged) having been given up there once no byte
+    came for 5 s (before, only the wait for the first bytes was bounded: it hung)."""
+    _StallingSeed.released.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StallingSeed)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        stalling = f"127.0.0.1:{server.server_address[1]}"
+        command = _java(jar, f"{stalling},{ring.ring}", "fs.sr3.secret", ring.secret)
+        command[1:1] = ["-Dfs.sr3.seeds.shuffle=false", "-Dfs.sr3.timeout.ms=5000"]
+        root = f"/java/stalling-seed-{rng.randrange(10**9)}"
+        done = subprocess.run(
+            [*command, "sr3.hadoop.ContractCheck", "frozen-seed", root],
+            capture_output=True, text=True, timeout=JAVA_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    finally:
+        _StallingSeed.released.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert len([line for line in lines if line.startswith("PASS ")]) == 9, lines
+
+
 def test_a_scoped_credential_reaches_nothing_outside_its_prefix_from_java(
     jar: Path, ring: LocalCluster, rng: random.Random
 ) -> None:
@@ -192,6 +256,42 @@ def test_a_peer_killed_mid_transfer_is_routed_around(
         out, err = check.communicate(timeout=JAVA_TIMEOUT_S)
     assert check.returncode == 0, out + err[-3000:]
     assert "PASS a " in out and "FAIL" not in out, out
+
+
+# The JVM's request timeout in the frozen-seed test: an attempt that waited for it on the
+# frozen peer would outlast the subprocess's bound below (a hang guard, not a figure).
+FROZEN_REQUEST_TIMEOUT_MS = 300_000
+FROZEN_CHECK_S = 240
+
+
+def test_requests_go_around_a_frozen_first_seed(
+    jar: Path, ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: the JVM's first seed (peer-1) is frozen (SIGSTOP: it accepts connections,
+    never answers) and its request timeout is 300 s. Must hold: a create, an overwrite,
+    mkdirs, a rename, a delete, a stat, a listing and a read of two blocks, each through
+    a FileSystem of its own (so each starts at the frozen seed), complete with the right
+    results, each having given its first request up on peer-1 (its probe unanswered) or
+    hedged it to the next seed, as the client's counters show."""
+    seeds = [ring.peer(f"peer-{index}").address for index in range(1, 6)]
+    command = _java(jar, ",".join(seeds), "fs.sr3.secret", ring.secret)
+    command[1:1] = [
+        "-Dfs.sr3.seeds.shuffle=false",
+        f"-Dfs.sr3.timeout.ms={FROZEN_REQUEST_TIMEOUT_MS}",
+        f"-Dfs.sr3.connect.timeout.ms={FROZEN_REQUEST_TIMEOUT_MS // 10}",
+    ]
+    root = f"/java/frozen-seed-{rng.randrange(10**9)}"
+    ring.signal("peer-1", signal.SIGSTOP)
+    try:
+        done = subprocess.run(
+            [*command, "sr3.hadoop.ContractCheck", "frozen-seed", root],
+            capture_output=True, text=True, timeout=FROZEN_CHECK_S, check=False,
+        )  # fmt: skip
+    finally:
+        ring.signal("peer-1", signal.SIGCONT)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert len([line for line in lines if line.startswith("PASS ")]) == 9, lines
 
 
 def _chunk_bytes_served(cluster: LocalCluster) -> float:

@@ -40,6 +40,9 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
  *                                        READY, wait for a line on stdin, read the rest
  *   ContractCheck write-across-kill PATH write 20 MiB to PATH, print READY, wait for a
  *                                        line, write 20 MiB more, close, read it back
+ *   ContractCheck frozen-seed ROOT       writes and reads under ROOT, each through a
+ *                                        FileSystem of its own whose first seed does not
+ *                                        answer (frozen, or stalled mid-answer)
  * </pre>
  *
  * The ring and credential come from the system properties fs.sr3.ring and
@@ -62,6 +65,10 @@ public final class ContractCheck {
 
   private interface Action {
     Object run() throws Exception;
+  }
+
+  private interface FsCheck {
+    String run(FileSystem own) throws Exception;
   }
 
   private void check(String name, Check check) {
@@ -456,6 +463,87 @@ public final class ContractCheck {
   }
 
   /**
+   * Each operation through a FileSystem of its own, whose client starts at the first seed
+   * (fs.sr3.seeds.shuffle=false), which the test froze (SIGSTOP) before, or which stops its
+   * answers midway: it must complete, right, having given its first request up on that
+   * seed or hedged it to the next (the client's counters).
+   */
+  private void frozenSeed(String root) throws Exception {
+    Path base = new Path(root);
+    Path file = new Path(base, "file");
+    Path dir = new Path(base, "dir");
+    byte[] older = bytes(31, 300_000);
+    byte[] newer = bytes(32, 6 * MIB);
+    aroundFrozen("a create goes around a frozen seed", own -> written(own, file, older));
+    aroundFrozen("an overwrite goes around a frozen seed", own -> written(own, file, newer));
+    aroundFrozen("mkdirs goes around a frozen seed", own -> own.mkdirs(dir) ? "" : "existed");
+    aroundFrozen(
+        "a small create goes around a frozen seed",
+        own -> written(own, new Path(dir, "gone"), new byte[] {1}));
+    aroundFrozen(
+        "a rename goes around a frozen seed",
+        own -> {
+          expect(own.rename(new Path(dir, "gone"), new Path(dir, "moved")), "not renamed");
+          return "";
+        });
+    aroundFrozen(
+        "a delete goes around a frozen seed",
+        own -> {
+          expect(own.delete(new Path(dir, "moved"), false), "not deleted");
+          return "";
+        });
+    aroundFrozen(
+        "a stat goes around a frozen seed",
+        own -> {
+          expect(own.getFileStatus(file).getLen() == newer.length, "size");
+          return "";
+        });
+    aroundFrozen(
+        "a listing goes around a frozen seed",
+        own -> {
+          List<String> names = new ArrayList<>();
+          for (FileStatus status : own.listStatus(base)) {
+            names.add(status.getPath().getName());
+          }
+          expect(names.equals(List.of("dir", "file")), "listed " + names);
+          return "";
+        });
+    aroundFrozen(
+        "a read goes around a frozen seed",
+        own -> {
+          byte[] got = new byte[newer.length];
+          try (FSDataInputStream in = own.open(file)) {
+            in.readFully(0, got);
+          }
+          expect(Arrays.equals(got, newer), "bytes differ");
+          return "";
+        });
+  }
+
+  private static String written(FileSystem own, Path path, byte[] data) throws IOException {
+    try (FSDataOutputStream out = own.create(path, true)) {
+      out.write(data);
+    }
+    return "";
+  }
+
+  private void aroundFrozen(String name, FsCheck action) {
+    check(
+        name,
+        () -> {
+          FileSystem own = FileSystem.newInstance(java.net.URI.create("sr3:///"), conf);
+          try {
+            String detail = action.run(own);
+            Sr3Client.Stats stats = ((Sr3FileSystem) own).client().stats();
+            expect(stats.abandoned() + stats.hedges() >= 1, "only the frozen seed: " + stats);
+            return (detail + " " + stats).trim();
+          } finally {
+            own.close();
+          }
+        });
+  }
+
+  /**
    * Writes a file of ten blocks and a bit, says READY, waits for a line (the test reads
    * the peers' counters), then reads it from an offset in its second block to the end.
    */
@@ -479,7 +567,9 @@ public final class ContractCheck {
 
   public static void main(String[] args) throws Exception {
     if (args.length != 2) {
-      System.err.println("usage: ContractCheck contract|read-across-kill|write-across-kill|read-after-seek PATH");
+      System.err.println(
+          "usage: ContractCheck contract|read-across-kill|write-across-kill|read-after-seek"
+              + "|frozen-seed PATH");
       System.exit(2);
     }
     Configuration conf = new Configuration(false);
@@ -493,7 +583,9 @@ public final class ContractCheck {
       Tls.CONF_CERT,
       Tls.CONF_KEY,
       Tls.CONF_KEY_FORMER,
-      "fs.sr3.retries"
+      "fs.sr3.retries",
+      Sr3Client.CONF_TIMEOUT_MS,
+      Sr3Client.CONF_CONNECT_TIMEOUT_MS
     };
     for (String key : keys) {
       String value = System.getProperty(key);
@@ -510,6 +602,7 @@ public final class ContractCheck {
       case "read-across-kill" -> checker.readAcrossKill(args[1]);
       case "write-across-kill" -> checker.writeAcrossKill(args[1]);
       case "read-after-seek" -> checker.readAfterSeek(args[1]);
+      case "frozen-seed" -> checker.frozenSeed(args[1]);
       default -> {
         System.err.println("unknown mode " + args[0]);
         System.exit(2);

@@ -97,7 +97,7 @@ public class Sr3FileSystem extends FileSystem {
   @Override
   public FileStatus getFileStatus(Path path) throws IOException {
     String target = pathOf(path);
-    Sr3Client.Answer answer = client.send("GET", Sr3Client.route("stat", target), Sr3Client.Body.NONE);
+    Sr3Client.Answer answer = client.lookup(Sr3Client.route("stat", target));
     if (answer.status() != 200) {
       throw Sr3Client.refusal(target, answer);
     }
@@ -109,10 +109,8 @@ public class Sr3FileSystem extends FileSystem {
   public FSDataInputStream open(Path path, int bufferSize) throws IOException {
     String target = pathOf(path);
     Sr3Client.Answer first =
-        client.send(
-            "GET",
-            Sr3Client.route("files", target) + "?offset=0&length=" + blockBytes,
-            Sr3Client.Body.NONE);
+        client.read(
+            Sr3Client.route("files", target) + "?offset=0&length=" + blockBytes, blockBytes);
     if (first.status() == 409 && "is_directory".equals(first.code())) {
       throw new FileNotFoundException("sr3: " + target + " is a directory");
     }
@@ -212,7 +210,7 @@ public class Sr3FileSystem extends FileSystem {
     while (true) {
       String pathQs =
           Sr3Client.route("list", target) + (after.isEmpty() ? "" : "?after=" + Sr3Client.quote(after));
-      Sr3Client.Answer answer = client.send("GET", pathQs, Sr3Client.Body.NONE);
+      Sr3Client.Answer answer = client.lookup(pathQs);
       if (answer.status() != 200) {
         throw Sr3Client.refusal(target, answer);
       }
@@ -255,7 +253,7 @@ public class Sr3FileSystem extends FileSystem {
   @Override
   public FileChecksum getFileChecksum(Path path) throws IOException {
     String target = pathOf(path);
-    Sr3Client.Answer answer = client.send("GET", Sr3Client.route("stat", target), Sr3Client.Body.NONE);
+    Sr3Client.Answer answer = client.lookup(Sr3Client.route("stat", target));
     if (answer.status() != 200) {
       throw Sr3Client.refusal(target, answer);
     }

@@ -93,7 +93,7 @@ final class Sr3InputStream extends FSInputStream {
     String pathQs =
         Sr3Client.route("files", path) + "?offset=" + offset + "&length=" + length
             + (tag.isEmpty() ? "" : "&tag=" + tag);
-    Sr3Client.Answer answer = client.send("GET", pathQs, Sr3Client.Body.NONE);
+    Sr3Client.Answer answer = client.read(pathQs, length);
     if (answer.status() != 200) {
       throw Sr3Client.refusal(path, answer);
     }
