@@ -14,7 +14,7 @@ So a coordinator watches its own event loop (``StallWatch``): a timer every ``TI
 on the monotonic clock, which keeps counting while the process is stopped. A gap
 between two ticks above ``STALL_S`` is a stall. A record write made for a request
 (``GuardedClient``: every commit, mark, delete and rename step goes through it) is
-refused with 503 ``stalled``, writing nothing, when
+refused with 425 ``stalled``, writing nothing, when
 
 - a stall was seen since the request's handler started (it was in flight across it);
 - the loop has not ticked for more than ``STALL_S`` (a stall it has not counted yet);
@@ -65,6 +65,11 @@ log = logging.getLogger(__name__)
 # (its period included): a loop that kept turning ticks every TICK_S plus its turn.
 TICK_S = 0.05
 STALL_S = 0.2
+# 425 Too Early: the peer will not risk committing a request its client may have sent
+# again elsewhere. A 4xx: nothing in the request is wrong, and the peer is not failing
+# (a 5xx would count a pause of this peer's loop as a server error); clients go on
+# through the next seed, as for a 503.
+STALLED_STATUS = 425
 # A request whose handler started within this after a stall may have waited through it.
 AFTER_STALL_S = 1.0
 
@@ -151,7 +156,7 @@ class CommitGuard:
             _SERVING.reset(token)
 
     def check(self) -> None:
-        """Raise 503 ``stalled`` when the request being served must not commit now."""
+        """Raise 425 ``stalled`` when the request being served must not commit now."""
         serving = _SERVING.get()
         if serving is None or serving.guard is not self:
             return  # not for a request (the rename sweep), or another peer's
@@ -163,7 +168,7 @@ class CommitGuard:
         self.refused += 1
         log.info("a write is not committed: %s", refusal)
         raise FsError(
-            503, "stalled",
+            STALLED_STATUS, "stalled",
             f"not committed: {refusal}; its client may have gone on through another peer",
         )  # fmt: skip
 

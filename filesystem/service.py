@@ -8,7 +8,7 @@ namespace as it arrives and checked against its signed digest before the file is
 a ring that cannot serve answers 503 ``unavailable``. A fenced write (``lease=&fence=``)
 reads its lease record first and is refused with 409 ``fenced`` unless the lease is held
 with that fence. A coordinator that stalled while serving a write, or just before it came,
-or whose client left, does not commit it (``filesystem.freshness``: 503 ``stalled``).
+or whose client left, does not commit it (``filesystem.freshness``: 425 ``stalled``).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ PUT and rename take ``op=<24 lowercase hex digits>``, the operation's id, the sa
 every retry: a retry that finds its operation already done answers as the first attempt
 would have (a create-if-absent that succeeded is not then refused as "exists").
 
-A write of any kind (PUT, DELETE, rename, mkdirs) may answer 503 "stalled", having
+A write of any kind (PUT, DELETE, rename, mkdirs) may answer 425 "stalled", having
 written nothing: its coordinator stalled (frozen, its event loop blocked) while serving
 it or just before it came, or its client closed the connection, so the client may have
 sent it through another peer meanwhile (``filesystem.freshness``). Retry it there.

@@ -237,9 +237,10 @@ class FsClient:
                         causes.append(str(exc))
                         continue
                     except PeerRejected as exc:
-                        # 503: not ready; 401 clock_skew: that seed's clock or ours is off
-                        # (the next seed may agree with ours).
-                        if exc.status != 503 and exc.code != "clock_skew":
+                        # 503: not ready; 425 stalled: that seed paused while (or just
+                        # before) serving it and did not commit; 401 clock_skew: that
+                        # seed's clock or ours is off (the next seed may agree with ours).
+                        if exc.status != 503 and exc.code not in ("clock_skew", "stalled"):
                             raise
                         causes.append(str(exc))
                         continue

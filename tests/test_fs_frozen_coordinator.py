@@ -6,7 +6,7 @@ again, after the client went on through another peer and wrote the same path ane
 The client (``FsClient``) probes a peer that has not answered (``GET /v1/health``) and
 gives the request up there when the probe goes unanswered, then goes on through the next
 seed; reads are hedged to the next seed as well. The peer (``filesystem.freshness``)
-refuses (503 ``stalled``) to commit a write it stalled across or that came just after a
+refuses (425 ``stalled``) to commit a write it stalled across or that came just after a
 stall, and one whose client closed its connection.
 
 Real peers on the shared 5-peer ring; the frozen peer is always resumed afterwards.
@@ -112,7 +112,7 @@ async def test_a_write_the_coordinator_froze_across_is_not_committed_after_a_new
     """Breaks: an overwriting PUT of 600 kB (chunks) reaches peer-1, which has read half
     of its body when it is frozen; the rest waits in its socket buffer, the connection
     stays open. Meanwhile the same PUT (same op) goes through peer-2, then a newer
-    version of the path. Must hold once peer-1 runs again: it answers 503 ``stalled``
+    version of the path. Must hold once peer-1 runs again: it answers 425 ``stalled``
     (it committed nothing), the newer version stands, and no peer logged a traceback."""
     coordinator, other = addresses(ring)[:2]
     path = f"/frozen/in-flight-{rng.randrange(10**9)}"
@@ -133,7 +133,7 @@ async def test_a_write_the_coordinator_froze_across_is_not_committed_after_a_new
             await put_through(probe, other, path, older, op)
             stat = await put_through(probe, other, path, newer, secrets.token_hex(12))
         status, answer = await held.answer()
-        assert (status, answer.get("error")) == (503, "stalled"), answer
+        assert (status, answer.get("error")) == (425, "stalled"), answer
         async with FsClient([other], ring.secret) as client:
             assert await client.read(path) == newer
             assert (await client.stat(path)).version == stat["version"]
@@ -147,7 +147,7 @@ async def test_a_write_and_a_delete_that_waited_in_a_frozen_peers_buffer_are_not
     path reach it, whole, and wait in its socket buffer on connections held open.
     Meanwhile the PUT goes through peer-2 with the same op and a newer version follows;
     the DELETE goes through peer-2 and its path is written again. Must hold once peer-1
-    runs again: both answer 503 ``stalled``; the newer version and the rewritten file
+    runs again: both answer 425 ``stalled``; the newer version and the rewritten file
     stand."""
     coordinator, other = addresses(ring)[:2]
     base = f"/frozen/buffered-{rng.randrange(10**9)}"
@@ -174,7 +174,7 @@ async def test_a_write_and_a_delete_that_waited_in_a_frozen_peers_buffer_are_not
             await put_through(probe, other, deleted, again, secrets.token_hex(12))
         for held in (put, delete):
             status, answer = await held.answer()
-            assert (status, answer.get("error")) == (503, "stalled"), answer
+            assert (status, answer.get("error")) == (425, "stalled"), answer
         async with FsClient([other], ring.secret) as client:
             assert await client.read(written) == newer
             assert await client.read(deleted) == again

@@ -81,6 +81,8 @@ final class Sr3Client implements Closeable {
   static final String CONF_RETRIES = "fs.sr3.retries";
   /** A peer's refusal of a request signed too far from its clock (401). */
   static final String CLOCK_SKEW = "clock_skew";
+  /** A write its coordinator paused across, not committed there (425): the next seed. */
+  static final String STALLED = "stalled";
 
   /** false: start with the first seed (tests); true: a random one, spreading executors. */
   static final String CONF_SEEDS_SHUFFLE = "fs.sr3.seeds.shuffle";
@@ -425,7 +427,8 @@ final class Sr3Client implements Closeable {
 
   /**
    * Sends one request, failing over between seeds; every answer below 500 returns, but a
-   * 401 clock_skew (that seed's clock or this JVM's is off: the next seed may agree).
+   * 401 clock_skew (that seed's clock or this JVM's is off: the next seed may agree) and
+   * a 425 stalled (that seed paused across the write and did not commit it).
    */
   Answer send(String method, String pathQs, Body body) throws IOException {
     return send(method, pathQs, body, null);
@@ -505,7 +508,9 @@ final class Sr3Client implements Closeable {
             it.remove();
             try {
               Answer answer = answer(lane.seed, lane.response.join());
-              if (answer.status() < 500 && !CLOCK_SKEW.equals(answer.code())) {
+              if (answer.status() < 500
+                  && !CLOCK_SKEW.equals(answer.code())
+                  && !STALLED.equals(answer.code())) {
                 if (hedged != null) {
                   hedged.add(System.nanoTime() - lane.startedNanos);
                 }
