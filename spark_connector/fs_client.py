@@ -49,7 +49,13 @@ from ring.transport import Response, Timeouts, Transport
 __all__ = ["FsClient", "FsClientStats", "FsRefused"]
 
 ROUNDS_DEFAULT = 3
+# The pause after the first round over the seeds, doubling after each next one.
 BACKOFF_S = 0.2
+# After a round in which a seed answered 425 ``stalled``, the next waits at least this:
+# a peer refuses writes that arrive within ``filesystem.freshness.AFTER_STALL_S`` (1 s)
+# after a stall of its event loop, so a round sooner is refused again when every seed
+# paused together (a ring of one seed, a host that paused).
+STALLED_PAUSE_S = 1.1
 # Reads of a whole file through ``read`` are bounded: ``get`` streams bigger ones.
 READ_BYTES_MAX = 1024**3
 # Entries one ``list`` gathers over its pages, at most.
@@ -97,10 +103,12 @@ class FsClientStats:
 class _Failed(Exception):
     """An attempt (over one seed, or two with a hedge) that got no answer."""
 
-    def __init__(self, causes: list[str], seeds: int) -> None:
+    def __init__(self, causes: list[str], seeds: int, *, stalled: bool) -> None:
         super().__init__("; ".join(causes))
         self.causes = causes
         self.seeds = seeds
+        # A seed answered 425 stalled (it paused, and refuses writes for a while).
+        self.stalled = stalled
 
 
 class FsClient:
@@ -166,6 +174,7 @@ class FsClient:
         causes: list[str] = []
         attempts = self._rounds * len(self.seeds)
         attempt = 0
+        stalled = False  # in this round
         while attempt < attempts:
             first = (self._next + attempt) % len(self.seeds)
             try:
@@ -174,10 +183,12 @@ class FsClient:
                 )
             except _Failed as failed:
                 causes += failed.causes
+                stalled = stalled or failed.stalled
                 for _seed in range(failed.seeds):
                     attempt += 1
-                    if attempt % len(self.seeds) == 0:
-                        await asyncio.sleep(BACKOFF_S * attempt // len(self.seeds))
+                    if attempt % len(self.seeds) == 0 and attempt < attempts:
+                        await asyncio.sleep(_pause_s(attempt // len(self.seeds), stalled))
+                        stalled = False
                 continue
             self._next = index
             if answer.status >= 400:
@@ -215,6 +226,7 @@ class FsClient:
         tried = 1
         started = time.monotonic()
         causes: list[str] = []
+        stalled = False
         try:
             while lanes:
                 wait_s = None
@@ -243,6 +255,7 @@ class FsClient:
                         if exc.status != 503 and exc.code not in ("clock_skew", "stalled"):
                             raise
                         causes.append(str(exc))
+                        stalled = stalled or exc.code == "stalled"
                         continue
                     if hedged is not None:
                         hedged.add(time.monotonic() - launched)
@@ -251,7 +264,7 @@ class FsClient:
                     break  # failed before its hedge: the next seed, at once
         finally:
             await _stopped(lanes)
-        raise _Failed(causes, tried)
+        raise _Failed(causes, tried, stalled=stalled)
 
     async def _supervised(
         self, seed: str, method: str, path_qs: str, body: bytes | None, body_bytes_max: int
@@ -393,6 +406,13 @@ class FsClient:
 def _fenced(fence: Fence | None) -> str:
     """The query parameters a fenced request adds after others (none when unfenced)."""
     return "" if fence is None else "&" + fs_api.fence_query(*fence)
+
+
+def _pause_s(rounds: int, stalled: bool) -> float:
+    """The pause after ``rounds`` rounds over the seeds failed (the last one with a
+    seed answering 425 stalled when ``stalled``)."""
+    pause_s = BACKOFF_S * (1 << (rounds - 1))
+    return max(pause_s, STALLED_PAUSE_S) if stalled else pause_s
 
 
 async def _stopped(tasks: Iterable[asyncio.Task[Any]]) -> None:

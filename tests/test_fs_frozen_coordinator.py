@@ -24,6 +24,7 @@ import secrets
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from support import HttpProbe, log_ends, tracebacks_since
@@ -236,6 +237,38 @@ async def test_a_client_whose_first_seed_is_frozen_reads_and_writes_through_the_
         async with FsClient(seeds[1:], ring.secret) as fs:
             assert await fs.read(f"{base}/file") == newer
     assert tracebacks_since(ring, ends) == []
+
+
+async def test_writes_just_after_their_only_seed_thawed_wait_the_refusal_out(
+    ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: a client's only seed (peer-1) is frozen for 0.5 s and thawed just before a
+    write and a delete through it; the peer refuses writes arriving within
+    ``AFTER_STALL_S`` of a stall of its loop (425 stalled), longer than the client's
+    rounds took without a pause (its pauses were computed as 0). Must hold: the client
+    waits each refusal out and both go through once; the peer did refuse."""
+    path = f"/frozen/thawed-{rng.randrange(10**9)}/file"
+    data = rng.randbytes(20_000)
+    peer = ring.peer("peer-1")
+    ends = log_ends(ring)
+    async with asyncio.timeout(HANG_S), FsClient(peer.address, ring.secret) as fs:
+        await fs.write(path, b"before")
+        for step in range(2):
+            with frozen(ring, "peer-1"):
+                await asyncio.sleep(0.5)
+            if step == 0:
+                await fs.write(path, data, overwrite=True)
+            else:
+                assert await fs.delete(path) == 1
+        assert not await fs.exists(path)
+    assert _refusals(peer.log_file, ends[peer.peer_id]) >= 2
+    assert tracebacks_since(ring, ends) == []
+
+
+def _refusals(log_file: str | None, end: int) -> int:
+    """Writes a peer logged it did not commit (``filesystem.freshness``) past ``end``."""
+    assert log_file is not None
+    return Path(log_file).read_text(errors="replace")[end:].count("a write is not committed")
 
 
 def test_a_stall_refuses_requests_across_it_and_just_after_it() -> None:

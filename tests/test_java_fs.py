@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import HttpProbe, MakeCluster, metric_value, require_spark
+from support import HttpProbe, MakeCluster, log_ends, metric_value, require_spark
 
 from ring.auth import parse_credential, scoped_credential
 from spark_connector.jar import fs_jar, spark_jars_dir
@@ -292,6 +292,45 @@ def test_requests_go_around_a_frozen_first_seed(
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert len([line for line in lines if line.startswith("PASS ")]) == 9, lines
+
+
+def test_writes_just_after_the_only_seed_thawed_wait_the_refusal_out(
+    jar: Path, ring: LocalCluster, rng: random.Random
+) -> None:
+    """Breaks: the JVM's only seed (peer-1) is frozen for 0.5 s and thawed just before an
+    overwrite, then again before a delete; the peer refuses writes arriving within 1 s of
+    a stall of its loop (425 stalled), longer than the client's pauses between rounds
+    (0.2 s, then 0.4 s). Must hold: the client waits each refusal out: both go through."""
+    peer = ring.peer("peer-1")
+    command = _java(jar, peer.address, "fs.sr3.secret", ring.secret)
+    path = f"/java/thawed-{rng.randrange(10**9)}"
+    ends = log_ends(ring)
+    with subprocess.Popen(
+        [*command, "sr3.hadoop.ContractCheck", "thawed-seed", path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as check:  # fmt: skip
+        assert check.stdout is not None and check.stdin is not None
+        lines: list[str] = []
+        try:
+            for _step in range(2):
+                while (line := check.stdout.readline()) and line.strip() != "READY":
+                    lines.append(line)
+                assert line.strip() == "READY", lines
+                ring.signal("peer-1", signal.SIGSTOP)
+                try:
+                    time.sleep(0.5)
+                finally:
+                    ring.signal("peer-1", signal.SIGCONT)
+                check.stdin.write("go\n")
+                check.stdin.flush()
+            out, err = check.communicate(timeout=JAVA_TIMEOUT_S)
+        finally:
+            check.kill()
+    out = "".join(lines) + out
+    assert check.returncode == 0 and out.count("PASS ") == 2, out + err[-3000:]
+    assert peer.log_file is not None
+    log = Path(peer.log_file).read_text(errors="replace")[ends[peer.peer_id] :]
+    assert log.count("a write is not committed") >= 2, log[-3000:]
 
 
 def _chunk_bytes_served(cluster: LocalCluster) -> float:

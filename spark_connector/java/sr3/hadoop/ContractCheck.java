@@ -565,11 +565,38 @@ public final class ContractCheck {
     });
   }
 
+  /**
+   * Writes a file, then twice says READY and waits for a line (the test freezes and thaws
+   * the only seed meanwhile): an overwrite, then a delete, which the thawed seed refuses
+   * with 425 stalled at first, must each go through once the client waited that out.
+   */
+  private void thawedSeed(String file) throws Exception {
+    Path path = new Path(file);
+    byte[] newer = bytes(41, 20_000);
+    write(path, bytes(40, 1000), true);
+    awaitLine();
+    check("an overwrite just after the only seed thawed", () -> {
+      write(path, newer, true);
+      byte[] got = new byte[newer.length];
+      try (FSDataInputStream in = fs.open(path)) {
+        in.readFully(0, got);
+      }
+      expect(Arrays.equals(got, newer), "bytes differ");
+      return "";
+    });
+    awaitLine();
+    check("a delete just after the only seed thawed", () -> {
+      expect(fs.delete(path, false), "not deleted");
+      expect(!fs.exists(path), "still there");
+      return "";
+    });
+  }
+
   public static void main(String[] args) throws Exception {
     if (args.length != 2) {
       System.err.println(
           "usage: ContractCheck contract|read-across-kill|write-across-kill|read-after-seek"
-              + "|frozen-seed PATH");
+              + "|frozen-seed|thawed-seed PATH");
       System.exit(2);
     }
     Configuration conf = new Configuration(false);
@@ -603,6 +630,7 @@ public final class ContractCheck {
       case "write-across-kill" -> checker.writeAcrossKill(args[1]);
       case "read-after-seek" -> checker.readAfterSeek(args[1]);
       case "frozen-seed" -> checker.frozenSeed(args[1]);
+      case "thawed-seed" -> checker.thawedSeed(args[1]);
       default -> {
         System.err.println("unknown mode " + args[0]);
         System.exit(2);

@@ -93,6 +93,13 @@ final class Sr3Client implements Closeable {
   static final int SEEDS_MAX = 64;
   static final long PAUSE_MS_FIRST = 200;
   static final long PAUSE_MS_MAX = 5_000;
+  /**
+   * After a round in which a seed answered 425 stalled, the next waits at least this: a
+   * peer refuses writes arriving within 1 s after a stall of its event loop
+   * (filesystem.freshness.AFTER_STALL_S), so a round sooner is refused again when every
+   * seed paused together (a ring of one seed, a host that paused).
+   */
+  static final long STALLED_PAUSE_MS = 1_100;
   static final int JSON_BYTES_MAX = 16 * 1024 * 1024;
   /** A request waiting this long gets its peer probed, and again while it waits. */
   static final long PROBE_AFTER_MS = 100;
@@ -173,7 +180,8 @@ final class Sr3Client implements Closeable {
   private record Probe(long sentNanos, CompletableFuture<Boolean> alive) {}
 
   /** An attempt's end: the seed that answered and its answer, or the last error. */
-  private record Outcome(int index, Answer answer, IOException error, int seeds) {}
+  private record Outcome(
+      int index, Answer answer, IOException error, int seeds, boolean stalled) {}
 
   /** One request to one seed, in flight, and the probe of that seed it waits on. */
   private static final class Lane {
@@ -450,6 +458,7 @@ final class Sr3Client implements Closeable {
     long pause = PAUSE_MS_FIRST;
     int attempts = retries * seeds.size();
     int attempt = 0;
+    boolean stalled = false; // in this round
     while (attempt < attempts) {
       Outcome outcome =
           attempt(Math.floorMod(next + attempt, seeds.size()), method, pathQs, body, hedged);
@@ -458,11 +467,13 @@ final class Sr3Client implements Closeable {
         return outcome.answer();
       }
       last = outcome.error() != null ? outcome.error() : last;
+      stalled = stalled || outcome.stalled();
       for (int seed = 0; seed < outcome.seeds(); seed++) {
         attempt++;
         if (attempt % seeds.size() == 0 && attempt < attempts) {
           try {
-            Thread.sleep(pause);
+            Thread.sleep(stalled ? Math.max(pause, STALLED_PAUSE_MS) : pause);
+            stalled = false;
           } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
             throw new InterruptedIOException("sr3: interrupted while retrying");
@@ -499,6 +510,7 @@ final class Sr3Client implements Closeable {
             : Long.MAX_VALUE;
     int tried = 1;
     IOException last = null;
+    boolean stalled = false;
     try {
       while (!lanes.isEmpty()) {
         long now = System.nanoTime();
@@ -514,9 +526,10 @@ final class Sr3Client implements Closeable {
                 if (hedged != null) {
                   hedged.add(System.nanoTime() - lane.startedNanos);
                 }
-                return new Outcome(lane.index, answer, null, tried);
+                return new Outcome(lane.index, answer, null, tried, false);
               }
               last = new IOException(lane.seed + ": " + answer.status() + " " + answer.message());
+              stalled = stalled || STALLED.equals(answer.code());
             } catch (CompletionException e) {
               last = failure(lane.seed, e.getCause());
             } catch (IOException e) {
@@ -557,7 +570,7 @@ final class Sr3Client implements Closeable {
         }
         awaitAny(lanes, tried == 1 ? hedgeAt : Long.MAX_VALUE, now);
       }
-      return new Outcome(-1, null, last, tried);
+      return new Outcome(-1, null, last, tried, stalled);
     } finally {
       for (Lane lane : lanes) {
         lane.response.cancel(true); // closes its connection: the peer sees its client left
