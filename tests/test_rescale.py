@@ -139,8 +139,8 @@ def test_a_rescale_is_refused_in_one_line_when_it_must_not_run(
     with StateSync(ring.ring, query_name, tmp_path / "a", ring.secret) as sync:
         _run(spark, sync, input_dir, tmp_path / "a", {})
     with SyncClient(ring.ring, ring.secret) as client:
-        # Spark's runner supports RocksDB's provider only.
-        with pytest.raises(RescaleRefused, match="Spark's repartition refused") as refused:
+        # Spark's runner supports RocksDB's provider only (spark_connector.rescalable).
+        with pytest.raises(RescaleRefused, match="HDFS-backed state store provider") as refused:
             rescale(client, query_name, 4, spark)
         assert "\n" not in str(refused.value)
         with pytest.raises(RescaleRefused, match="2 state partitions already"):
