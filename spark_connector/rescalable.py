@@ -1,15 +1,23 @@
-"""What a rescale may bring to another number of state partitions, and the check that
-refuses the rest in one line before anything is written.
+"""What a rescale may bring to another number of state partitions, the check that refuses
+the rest in one line before anything is written, and the runner for the state store
+provider Spark's runner refuses.
 
 Spark's offline runner (``StreamingCheckpointManager.repartition``, PySpark 4.3) reads
 each stateful operator's state with its ``statestore`` reader, spreads it over the new
 partitions by the operator's partition key, and writes it as a new batch. It refuses
 some checkpoints itself (the HDFS-backed provider, operators it has no partition key
-for), with messages that do not always say why in their first line; and it writes some
-that the query then cannot run (a stream-stream join in state format 4). Only what the
-rescale matrix (tests/test_rescale_matrix.py) showed to give the answers of a query
-never rescaled is let through: every other operator, provider or state layout is
-refused here, naming it, before Spark's runner starts — so nothing reaches the ring.
+for) — after writing the new batch's offsets, which leaves a checkpoint Spark will not
+start the query from — with messages that do not always say why in their first line;
+and it writes some that the query then gets wrong (a stream-stream join in state format
+4). Only what the rescale matrix (tests/test_rescale_matrix.py) showed to give the
+answers of a query never rescaled is let through: every other operator, provider or
+state layout is refused here, naming it, before any runner starts — so nothing reaches
+the ring or the checkpoint.
+
+For the HDFS-backed provider sr3 has a runner of its own (``run_repartition``, the
+JVM's ``sr3.hadoop.HdfsStateRepartition`` in sr3's jar): the same steps as Spark's,
+each store read and written through the provider itself, each row placed by Spark's own
+partition key extractor and shuffle hash.
 
 The table is by the names Spark writes in the checkpoint: each operator's name in its
 operator metadata (the ``state-metadata`` source) and the settings of the offset log
@@ -33,12 +41,16 @@ __all__ = [
     "REFUSED_OPERATORS",
     "refusal",
     "rescale_refusal",
+    "run_repartition",
 ]
 
 log = logging.getLogger(__name__)
 
 # An offset or commit log entry is read up to this (Spark's are a few KiB).
 LOG_ENTRY_BYTES_MAX = 1 << 20
+# Where sr3's runner for the HDFS-backed provider writes the new stores before it moves
+# them into place: hidden, so no cut of the checkpoint takes it, and removed afterwards.
+HDFS_SCRATCH = ".sr3-rescale"
 UNVERIFIED = "not shown to give the answers of a query never rescaled, so not offered"
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -73,15 +85,9 @@ REFUSED_OPERATORS: Mapping[str, str] = {
         "for its state"
     ),
 }
-# State store providers Spark's runner rescales.
-PROVIDERS: Mapping[str, str] = {ROCKSDB: "RocksDB"}
-PROVIDER_REFUSALS: Mapping[str, str] = {
-    HDFS: (
-        "the HDFS-backed state store provider cannot be rescaled by Spark's runner: it reads "
-        "and writes RocksDB's stores only (UNSUPPORTED_PROVIDER); a query keeps its provider "
-        "for the life of its checkpoint"
-    ),
-}
+# State store providers a rescale supports: RocksDB's by Spark's runner, the HDFS-backed
+# one (which Spark's runner refuses) by sr3's (``run_repartition``).
+PROVIDERS: Mapping[str, str] = {ROCKSDB: "RocksDB", HDFS: "HDFS-backed"}
 # Settings of the state's layout, the values verified, and why the others are refused.
 LAYOUTS: Mapping[str, tuple[frozenset[str], str]] = {
     JOIN_FORMAT_CONF: (
@@ -112,10 +118,9 @@ def refusal(
         )
     provider = conf.get(PROVIDER_CONF, DEFAULTS[PROVIDER_CONF])
     if provider not in PROVIDERS:
-        return where + PROVIDER_REFUSALS.get(
-            provider,
-            f"the state store provider {provider} cannot be rescaled by Spark's runner: it "
-            "reads and writes RocksDB's stores only",
+        return (
+            f"{where}the state store provider {provider} cannot be rescaled: Spark's runner "
+            "reads and writes RocksDB's stores only, sr3's the HDFS-backed provider's"
         )
     for operator_id, name in sorted(operators.items()):
         if name not in OPERATORS:
@@ -135,30 +140,65 @@ def refusal(
     return None
 
 
+def run_repartition(spark: Any, checkpoint: Path | str, partitions: int, base: int | None) -> None:
+    """Rescale the stopped query's ``checkpoint`` (its newest committed batch ``base``)
+    to ``partitions``: Spark's runner for RocksDB's provider; for the HDFS-backed one,
+    which Spark's runner refuses, sr3's (``sr3.hadoop.HdfsStateRepartition`` in sr3's
+    jar: the runner's steps, reading and writing each store through the provider
+    itself). Errors come back as Spark's runner raises them."""
+    if base is None or _provider(spark, checkpoint, base) != HDFS:
+        spark._streamingCheckpointManager.repartition(str(checkpoint), partitions)
+        return
+    runner = spark._jvm.sr3.hadoop.HdfsStateRepartition
+    scratch = f"{str(checkpoint).rstrip('/')}/{HDFS_SCRATCH}"
+    jvm = spark._jvm
+    scratch_path = jvm.org.apache.hadoop.fs.Path(scratch)
+    fs = scratch_path.getFileSystem(spark._jsc.hadoopConfiguration())
+    try:
+        runner.rescale(spark._jsparkSession, str(checkpoint), partitions, scratch)
+    finally:
+        fs.delete(scratch_path, True)
+
+
+def _provider(spark: Any, checkpoint: Path | str, batch_id: int) -> str:
+    conf = _offsets_conf(batch_id, _head(spark, f"{checkpoint}/offsets/{batch_id}"))
+    return conf.get(PROVIDER_CONF, DEFAULTS[PROVIDER_CONF])
+
+
 def rescale_refusal(spark: Any, checkpoint: Path | str, batch_id: int) -> str | None:
     """``refusal`` for ``checkpoint`` rescaled from its batch ``batch_id``, read through
     the session's Hadoop file system (so an ``sr3://`` checkpoint too)."""
-    offsets = _head(spark, f"{checkpoint}/offsets/{batch_id}")
+    from py4j.java_gateway import JavaClass
+
+    conf = _offsets_conf(batch_id, _head(spark, f"{checkpoint}/offsets/{batch_id}"))
     commit = _head(spark, f"{checkpoint}/commits/{batch_id}")
-    return refusal(
-        _offsets_conf(batch_id, offsets),
+    why = refusal(
+        conf,
         _operators(spark, checkpoint, batch_id),
         commit_version=commit.partition("\n")[0].strip(),
         checkpoint=str(checkpoint),
     )
+    hdfs = conf.get(PROVIDER_CONF, DEFAULTS[PROVIDER_CONF]) == HDFS
+    if (
+        why is None
+        and hdfs
+        and not isinstance(spark._jvm.sr3.hadoop.HdfsStateRepartition, JavaClass)
+    ):
+        return (
+            f"{checkpoint}: the HDFS-backed provider's state is rescaled by sr3's jar, which "
+            "this SparkSession lacks: start it with spark_connector.local_conf() (spark.jars)"
+        )
+    return why
 
 
 def _head(spark: Any, uri: str) -> str:
-    """The first ``LOG_ENTRY_BYTES_MAX`` bytes of a checkpoint log entry."""
+    """A checkpoint log entry, up to its first ``LOG_ENTRY_BYTES_MAX`` bytes."""
     jvm = spark._jvm
     path = jvm.org.apache.hadoop.fs.Path(uri)
     stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)
     try:
-        head = jvm.org.apache.commons.io.IOUtils.toByteArray(stream, LOG_ENTRY_BYTES_MAX)
-    except Exception:  # py4j's translation of an EOFException: a shorter file, read whole
-        stream.close()
-        stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)
-        head = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+        bounded = jvm.org.apache.commons.io.input.BoundedInputStream(stream, LOG_ENTRY_BYTES_MAX)
+        head = jvm.org.apache.commons.io.IOUtils.toByteArray(bounded)
     finally:
         stream.close()
     return bytes(head).decode("utf-8", errors="replace")

@@ -50,7 +50,7 @@ from spark_connector.lease import QueryLease
 from spark_connector.manifest import Manifest, check_query_name
 from spark_connector.plans import read_plan
 from spark_connector.push import KEEP_BATCHES_DEFAULT, Pusher
-from spark_connector.rescalable import rescale_refusal
+from spark_connector.rescalable import rescale_refusal, run_repartition
 from spark_connector.restore import newest_manifest, restore_manifest, rewrite_root
 
 __all__ = [
@@ -289,8 +289,8 @@ def repartition_checkpoint(spark: Any, checkpoint: Path | str, partitions: int) 
     why = None if before is None else rescale_refusal(spark, checkpoint, before)
     if why is not None:
         raise RescaleRefused(why)
-    try:
-        spark._streamingCheckpointManager.repartition(str(checkpoint), partitions)
+    try:  # Spark's runner, or sr3's for the HDFS-backed provider
+        run_repartition(spark, checkpoint, partitions, before)
     except Exception as exc:  # py4j and PySpark's translations of Spark's errors
         raise RescaleRefused(f"Spark's repartition refused: {_first_line(exc)}") from exc
     after = _newest_committed(spark, checkpoint)

@@ -430,7 +430,8 @@ def state(spark: Any, checkpoint: Path | str, *, partition_ids: bool = True) -> 
     for operator in sorted({int(row["operatorId"]) for row in metadata}):
         rows = [row for row in metadata if int(row["operatorId"]) == operator]
         name = rows[0]["operatorName"]
-        for label, options in _readings(name, rows[0]["operatorProperties"]):
+        stores = sorted(str(row["stateStoreName"]) for row in rows)
+        for label, options in _readings(name, rows[0]["operatorProperties"], stores):
             reader = spark.read.format("statestore").option("operatorId", operator)
             for key, value in options.items():
                 reader = reader.option(key, value)
@@ -442,10 +443,15 @@ def state(spark: Any, checkpoint: Path | str, *, partition_ids: bool = True) -> 
     return sorted(lines)
 
 
-def _readings(operator_name: str, properties: str | None) -> list[tuple[str, dict[str, str]]]:
-    """The reader options that together cover an operator's state."""
+def _readings(
+    operator_name: str, properties: str | None, stores: list[str]
+) -> list[tuple[str, dict[str, str]]]:
+    """The reader options that together cover an operator's state: for a join, each side
+    and each of its stores (row indexes and matched flags too, in state format 2)."""
     if operator_name == "symmetricHashJoin":
-        return [(side, {"joinSide": side}) for side in ("left", "right")]
+        sides = [(side, {"joinSide": side}) for side in ("left", "right")]
+        named = [(store, {"storeName": store}) for store in stores if store != "default"]
+        return sides + named
     if operator_name.startswith("transformWithState"):
         variables = json.loads(properties or "{}").get("stateVariables", [])
         readings = [
