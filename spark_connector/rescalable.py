@@ -92,9 +92,9 @@ PROVIDERS: Mapping[str, str] = {ROCKSDB: "RocksDB", HDFS: "HDFS-backed"}
 LAYOUTS: Mapping[str, tuple[frozenset[str], str]] = {
     JOIN_FORMAT_CONF: (
         frozenset({"2", "3"}),
-        "stream-stream join state format {value} cannot be rescaled: Spark's runner writes "
-        "state the join then fails to read (format 4 keeps its eviction index by event "
-        "time, not by join key)",
+        "stream-stream join state format {value} cannot be rescaled: Spark's runner loses "
+        "rows of it (format 4 keeps the rows of one join key and event time as several "
+        "values of one state key, and the runner writes one of them back)",
     ),
 }
 

@@ -310,27 +310,41 @@ public final class HdfsStateRepartition {
                             new BoundReference(0, extractor.partitionKeySchema(), false)))
                             .toList(),
                     store.partitions).partitionIdExpression();
-            List<Tuple2<Integer, Tuple2<byte[], byte[]>>> rows = new ArrayList<>();
             StateStoreProvider provider = store.provider(store.stateRoot, partition);
+            ReadStateStore read;
             try {
-                ReadStateStore read = provider.getReadStore(store.readVersion, Option.empty());
-                try {
-                    scala.collection.Iterator<UnsafeRowPair> pairs = read.iterator(DEFAULT_FAMILY);
-                    while (pairs.hasNext()) {
-                        UnsafeRowPair pair = pairs.next();
-                        UnsafeRow key = extractor.partitionKey(pair.key());
-                        int target = (Integer) placement.eval(
-                                new GenericInternalRow(new Object[] {key}));
-                        rows.add(new Tuple2<>(target,
-                                new Tuple2<>(pair.key().getBytes(), pair.value().getBytes())));
-                    }
-                } finally {
-                    read.abort();
-                }
-            } finally {
+                read = provider.getReadStore(store.readVersion, Option.empty());
+            } catch (RuntimeException e) {
                 provider.close();
+                throw e;
             }
-            return rows.iterator();
+            scala.collection.Iterator<UnsafeRowPair> pairs = read.iterator(DEFAULT_FAMILY);
+            // Row by row (the provider holds the partition's map already), closed at its end.
+            return new Iterator<>() {
+                private boolean open = true;
+
+                @Override
+                public boolean hasNext() {
+                    if (open && !pairs.hasNext()) {
+                        open = false;
+                        read.abort();
+                        provider.close();
+                    }
+                    return open;
+                }
+
+                @Override
+                public Tuple2<Integer, Tuple2<byte[], byte[]>> next() {
+                    if (!hasNext()) {
+                        throw new java.util.NoSuchElementException();
+                    }
+                    UnsafeRowPair pair = pairs.next();
+                    UnsafeRow key = extractor.partitionKey(pair.key());
+                    int target = (Integer) placement.eval(new GenericInternalRow(new Object[] {key}));
+                    return new Tuple2<>(target,
+                            new Tuple2<>(pair.key().getBytes(), pair.value().getBytes()));
+                }
+            };
         }
     }
 
