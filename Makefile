@@ -8,7 +8,11 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.installed
 
+<<<<<<< HEAD
 .PHONY: install demo test test-cluster test-containers test-standby lint check bench faults rescale-kills clean jar
+=======
+.PHONY: install demo test test-cluster test-containers test-standby test-rescale lint check bench faults clean jar
+>>>>>>> i43-matrix
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +36,7 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(PY) -m pytest -q --durations=10 -m "not containers and not standby and not cluster"
+	$(PY) -m pytest -q --durations=10 -m "not containers and not standby and not cluster and not rescale_matrix"
 
 # Spark applications on local-cluster killed with two peers, or with their executors
 # killed mid-commit (tests/test_spark_cluster.py, tests/test_spark_batch.py): minutes
@@ -45,6 +49,12 @@ test-cluster: install
 # it after `make test`.
 test-standby: install
 	$(PY) -m pytest -q --durations=5 -m standby
+
+# Every stateful operator x state store provider x direction rescaled through the ring and
+# compared with a run never rescaled, and every refusal (tests/test_rescale_matrix.py):
+# the better part of an hour on two cores; `make test` runs a representative few.
+test-rescale: install
+	$(PY) -m pytest -q --durations=10 -m rescale_matrix tests/test_rescale_matrix.py
 
 # The compose deployment on a real container engine (tests/test_compose_engine.py): builds
 # a base image from Debian's archive the first time (root, debootstrap), then the

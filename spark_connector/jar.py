@@ -1,4 +1,6 @@
-"""The jar of the ``sr3://`` Hadoop FileSystem, built on first use.
+"""The jar of the ``sr3://`` Hadoop FileSystem, built on first use (with the rest of
+sr3's JVM side: the plan hook, and the rescale of the HDFS-backed state store
+provider's state, ``sr3.hadoop.HdfsStateRepartition``, which uses Spark's own classes).
 
 The Java sources ship with this package (``spark_connector/java``); ``fs_jar()``
 compiles them with ``javac --release 17`` against the jars inside the installed pyspark

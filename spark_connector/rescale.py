@@ -50,6 +50,7 @@ from spark_connector.lease import QueryLease
 from spark_connector.manifest import Manifest, check_query_name
 from spark_connector.plans import read_plan
 from spark_connector.push import KEEP_BATCHES_DEFAULT, Pusher
+from spark_connector.rescalable import rescale_refusal, run_repartition
 from spark_connector.restore import newest_manifest, restore_manifest, rewrite_root
 
 __all__ = [
@@ -283,8 +284,13 @@ def repartition_checkpoint(spark: Any, checkpoint: Path | str, partitions: int) 
     refusals (an unsupported provider or operator, a last batch that did not commit)
     come back as ``RescaleRefused`` in one line."""
     before = _newest_committed(spark, checkpoint)
-    try:
-        spark._streamingCheckpointManager.repartition(str(checkpoint), partitions)
+    # What Spark's runner is not known to rescale right is refused before it writes
+    # anything (it writes the batch's offsets before some of its own refusals).
+    why = None if before is None else rescale_refusal(spark, checkpoint, before)
+    if why is not None:
+        raise RescaleRefused(why)
+    try:  # Spark's runner, or sr3's for the HDFS-backed provider
+        run_repartition(spark, checkpoint, partitions, before)
     except Exception as exc:  # py4j and PySpark's translations of Spark's errors
         raise RescaleRefused(f"Spark's repartition refused: {_first_line(exc)}") from exc
     after = _newest_committed(spark, checkpoint)
@@ -494,7 +500,9 @@ def _operators(spark: Any, checkpoint: str) -> list[int]:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    # py4j's own first line names only the JVM call; Spark's reason is the Java error's.
+    java = getattr(exc, "java_exception", None)
+    text = str(exc if java is None else java).strip()
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 

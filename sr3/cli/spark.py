@@ -385,9 +385,15 @@ def _rescale_session(fs_settings: Settings | None) -> Any:
     from pyspark.sql import SparkSession
 
     from spark_connector.conf import spark_conf
+    from spark_connector.jar import fs_jar
     from sr3.spark_demo import SPARK_CONF, scratch_conf
 
-    fs_conf = {} if fs_settings is None else spark_conf(fs_settings.ring, fs_settings.secret)
+    # sr3's jar either way: it rescales the HDFS-backed provider's state.
+    fs_conf = (
+        {"spark.jars": str(fs_jar())}
+        if fs_settings is None
+        else spark_conf(fs_settings.ring, fs_settings.secret)
+    )
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master("local[2]").appName("sr3-rescale")
     for key, value in {**SPARK_CONF, **scratch_conf(), **fs_conf}.items():
