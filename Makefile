@@ -8,11 +8,7 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.installed
 
-<<<<<<< HEAD
-.PHONY: install demo test test-cluster test-containers test-standby lint check bench faults rescale-kills clean jar
-=======
-.PHONY: install demo test test-cluster test-containers test-standby test-rescale lint check bench faults clean jar
->>>>>>> i43-matrix
+.PHONY: install demo test test-cluster test-containers test-standby test-rescale lint check bench faults rescale-kills clean jar
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
