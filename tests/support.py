@@ -294,6 +294,17 @@ def chunk_holders(cluster: LocalCluster, chunk_id: str) -> list[str]:
     ]
 
 
+@contextlib.contextmanager
+def frozen(cluster: LocalCluster, peer_id: str) -> Iterator[None]:
+    """``peer_id`` stopped (SIGSTOP: its kernel still accepts and buffers) for the block,
+    and resumed after it, whatever the block raised."""
+    cluster.signal(peer_id, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        cluster.signal(peer_id, signal.SIGCONT)
+
+
 def log_ends(cluster: LocalCluster) -> dict[str, int]:
     """How far each peer's log reaches now (for ``tracebacks_since``)."""
     return {

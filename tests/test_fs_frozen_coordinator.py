@@ -18,16 +18,13 @@ connection, must stop them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import secrets
-import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from support import HttpProbe, log_ends, tracebacks_since
+from support import HttpProbe, frozen, log_ends, tracebacks_since
 
 from filesystem.freshness import AFTER_STALL_S, STALL_S, StallWatch
 from ring import api, fs_api
@@ -42,15 +39,6 @@ PATIENT = Timeouts(connect_s=300.0, read_s=300.0)
 # A hang guard, not a performance figure: a client that waits for its timeout on the
 # frozen peer is stopped here (the latencies are in benchmarks/bench_gray.py).
 HANG_S = 120.0
-
-
-@contextlib.contextmanager
-def frozen(cluster: LocalCluster, peer_id: str) -> Iterator[None]:
-    cluster.signal(peer_id, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        cluster.signal(peer_id, signal.SIGCONT)
 
 
 class HeldRequest:

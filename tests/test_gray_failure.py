@@ -13,15 +13,13 @@ Real peers on the shared ring; the frozen peer is always resumed (SIGCONT) after
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
-from support import MakeCluster, chunk_holders
+from support import MakeCluster, chunk_holders, frozen
 
 from ring import codec
 from ring.client import Client, ClientOptions
@@ -47,15 +45,6 @@ T = TypeVar("T")
 # timeout; the wide margin below it is for a loaded 2-core machine (each attempt to the
 # frozen peer is bounded at 2-5 s). The latencies themselves are in bench_gray.py.
 BOUND_S = 20.0
-
-
-@contextlib.contextmanager
-def frozen(cluster: LocalCluster, peer_id: str) -> Iterator[None]:
-    cluster.signal(peer_id, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        cluster.signal(peer_id, signal.SIGCONT)
 
 
 async def within_bound(what: str, op: Callable[[], Awaitable[T]]) -> T:
