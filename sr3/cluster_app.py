@@ -3,10 +3,15 @@ of ``sr3 demo --cluster`` and of the cluster tests.
 
     python -m sr3.cluster_app run JOB      process the input one file per trigger (the
                                            application that gets SIGKILLed)
+    python -m sr3.cluster_app rescale JOB  finish what the checkpoint holds, then
+                                           rescale it in place on the ring to
+                                           ``JobArgs.partitions`` (executors read and
+                                           write the partitions there)
     python -m sr3.cluster_app finish JOB   continue on the same checkpoint until the
                                            input is done, then the same query without
-                                           failures on a local checkpoint, and write
-                                           RESULT: both outputs and state store rows
+                                           failures on a local checkpoint (at
+                                           ``partitions`` when set), and write RESULT:
+                                           both outputs and state store rows
 
 Executors are their own JVMs (``local-cluster[2,1,1024]``) and write their state straight
 to the ring through the ``sr3://`` FileSystem, with the conf ``spark_conf`` gives: a
@@ -47,6 +52,7 @@ __all__ = [
     "kill_application",
     "local_cluster_conf",
     "read_outputs",
+    "rescale_application",
     "spark_home",
     "start_application",
     "wait_for_batches",
@@ -93,6 +99,12 @@ class ClusterJob:
     result_path: str = ""
     trigger_s: float = 1.0
     run_s_max: float = 300.0
+    # ``rescale``: the state partitions to rescale the checkpoint to (0: no rescale; the
+    # reference run of ``finish`` starts at this count), and a file holding the cluster
+    # secret, which the rescale's lease (a record, beyond a scoped credential's reach)
+    # needs: read by that driver alone, never in an environment executors inherit.
+    partitions: int = 0
+    secret_file: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -118,6 +130,8 @@ class ClusterResult:
     executor_env_has_secret: bool
     conf_has_secret: bool
     finish_s: float
+    # The state partitions the checkpoint's newest offset log entry records.
+    partitions: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -182,15 +196,31 @@ def finish_application(
     job: ClusterJob, env: dict[str, str], log: Path, timeout_s: float
 ) -> ClusterResult:
     """Run ``finish`` to the end; its result (``SR3Error`` with the log's tail if not)."""
-    app = start_application("finish", job, env, log)
+    _run_to_end("finish", job, env, log, timeout_s)
+    return ClusterResult.from_json(Path(job.result_path).read_text())
+
+
+def rescale_application(job: ClusterJob, env: dict[str, str], log: Path, timeout_s: float) -> str:
+    """Run ``rescale`` to the end; its RESCALED line (``SR3Error`` with the log's tail
+    if it failed)."""
+    _run_to_end("rescale", job, env, log, timeout_s)
+    lines = [line for line in log.read_text(errors="replace").splitlines() if "RESCALED" in line]
+    if not lines:
+        raise SR3Error(f"rescale said nothing of its rescale:\n{_tail(log)}")
+    return lines[-1]
+
+
+def _run_to_end(
+    command: str, job: ClusterJob, env: dict[str, str], log: Path, timeout_s: float
+) -> None:
+    app = start_application(command, job, env, log)
     try:
         code = app.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         kill_application(app)
-        raise SR3Error(f"finish took over {timeout_s:.0f} s:\n{_tail(log)}") from None
+        raise SR3Error(f"{command} took over {timeout_s:.0f} s:\n{_tail(log)}") from None
     if code != 0:
-        raise SR3Error(f"finish failed (exit {code}):\n{_tail(log)}")
-    return ClusterResult.from_json(Path(job.result_path).read_text())
+        raise SR3Error(f"{command} failed (exit {code}):\n{_tail(log)}")
 
 
 def _tail(log: Path) -> str:
@@ -402,6 +432,9 @@ def finish(job: ClusterJob) -> int:
     if resumed.exception() is not None:
         raise SR3Error(f"the resumed query failed: {resumed.exception()}")
     finish_s = time.monotonic() - started
+    if job.partitions:
+        # The reference starts at the rescaled count (a new checkpoint takes the session's).
+        spark.conf.set("spark.sql.shuffle.partitions", str(job.partitions))
     reference = _start(
         spark, job, job.reference_checkpoint, job.reference_output_dir, until_done=True
     )
@@ -431,6 +464,7 @@ def finish(job: ClusterJob) -> int:
             for key, value in spark.sparkContext.getConf().getAll()
         ),
         finish_s=finish_s,
+        partitions=_newest_partitions(spark, job.checkpoint),
     )
     path = Path(job.result_path)
     path.with_name(f".{path.name}.tmp").write_text(result.to_json())
@@ -439,10 +473,45 @@ def finish(job: ClusterJob) -> int:
     return 0
 
 
+def rescale(job: ClusterJob) -> int:
+    """The application that rescales the checkpoint in place: the query run until the
+    input present is done (a batch the killed driver planned is finished, as Spark's
+    restart does), then ``rescale_fs`` to ``job.partitions`` on this application's
+    executors; prints RESCALED and its report."""
+    from ring.sync_client import SyncClient
+    from spark_connector.rescale import rescale_fs
+
+    if job.partitions < 1 or not job.secret_file:
+        raise ConfigError("rescale: the job names no partitions or no secret file")
+    provider, changelog = _provider(job.query)
+    spark = _session(_conf(job.checkpoint), provider, changelog)
+    caught_up = _start(spark, job, job.checkpoint, job.output_dir, until_done=True)
+    caught_up.awaitTermination()
+    if caught_up.exception() is not None:
+        raise SR3Error(f"the query failed before its rescale: {caught_up.exception()}")
+    secret = Path(job.secret_file).read_text().strip()
+    with SyncClient(os.environ.get("SR3_RING"), secret) as client:
+        report = rescale_fs(client, f"cluster-{job.query}", job.checkpoint, job.partitions, spark)
+    print(
+        f"RESCALED {report.from_partitions} -> {report.to_partitions}: batch "
+        f"{report.base_batch} -> {report.batch_id} in {report.repartition_s:.1f} s",
+        flush=True,
+    )
+    spark.stop()
+    return 0
+
+
+def _newest_partitions(spark: Any, checkpoint: str) -> int:
+    from spark_connector.rescale import logged_batches, partitions_of
+
+    offsets, _commits = logged_batches(spark, checkpoint)
+    return (partitions_of(spark, checkpoint, max(offsets)) or 0) if offsets else 0
+
+
 def main(argv: list[str]) -> int:
-    commands = {"run": run, "finish": finish}
+    commands = {"run": run, "finish": finish, "rescale": rescale}
     if len(argv) != 2 or argv[0] not in commands:
-        print("usage: python -m sr3.cluster_app run|finish JOB_JSON", file=sys.stderr)
+        print("usage: python -m sr3.cluster_app run|rescale|finish JOB_JSON", file=sys.stderr)
         return 2
     return commands[argv[0]](ClusterJob.from_json(argv[1]))
 

@@ -25,6 +25,7 @@ from sr3.cluster_app import (
     finish_application,
     kill_application,
     read_outputs,
+    rescale_application,
     start_application,
     wait_for_batches,
     write_job_inputs,
@@ -143,3 +144,56 @@ def test_a_second_application_on_one_checkpoint_fails_and_the_first_keeps_its_st
         (row for p in batches.values() for row in json.loads(p.read_text())), key=json.dumps
     )
     assert rows == result.reference_output
+
+
+# The rescale's own bound: three applications, each starting a local-cluster.
+RESCALE_TEST_S_MAX = 900
+
+
+@pytest.mark.timeout(RESCALE_TEST_S_MAX)
+@pytest.mark.parametrize("query", ["window", "dedup"])
+def test_a_checkpoint_on_the_ring_rescaled_in_place_by_executors_runs_on_at_the_new_count(
+    make_cluster: MakeCluster, rng: random.Random, tmp_path: Path, query: str
+) -> None:
+    """Breaks: an application on an sr3:// checkpoint (2 state partitions) SIGKILLed
+    after half its input; a second application on local-cluster rescales the checkpoint
+    in place to 4 (its executors read and write the partitions on the ring: sr3's runner
+    for the HDFS-backed provider of ``window``, Spark's for RocksDB with changelog
+    checkpointing of ``dedup``); then the rest of the input arrives. Must hold: a third
+    application runs on at 4 partitions, and its output and state store rows, partition
+    ids included, equal those of the query run at 4 from its first batch."""
+    require_spark()
+    cluster = make_cluster(3, peer_flags=PEER_FLAGS)
+    seed = rng.randrange(1, 10**6)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(cluster.secret)
+    secret_file.chmod(0o600)
+    write_job_inputs(query, tmp_path / "input", INPUT_FILES // 2, seed)
+    job = ClusterJob(
+        query=query,
+        input_dir=str(tmp_path / "input"),
+        checkpoint=f"sr3:///spark/tests/rescaled-{query}-{rng.randrange(10**9)}",
+        output_dir=str(tmp_path / "output"),
+        reference_checkpoint=str(tmp_path / "reference-checkpoint"),
+        reference_output_dir=str(tmp_path / "reference-output"),
+        result_path=str(tmp_path / "result.json"),
+        partitions=4,
+        secret_file=str(secret_file),
+    )
+    env = application_env(cluster.ring, spark_credential(cluster.secret))
+    app = start_application("run", job, env, tmp_path / "driver.log")
+    try:
+        wait_for_batches(
+            app, Path(job.output_dir), INPUT_FILES // 2, tmp_path / "driver.log", APP_START_S_MAX
+        )
+    finally:
+        kill_application(app)
+    said = rescale_application(job, env, tmp_path / "rescale.log", FINISH_S_MAX)
+    assert "RESCALED 2 -> 4" in said, said
+    write_job_inputs(query, tmp_path / "input", INPUT_FILES, seed)
+    result = finish_application(job, env, tmp_path / "finish.log", FINISH_S_MAX)
+    assert result.partitions == 4
+    assert result.reference_output
+    assert result.output == result.reference_output
+    assert result.state == result.reference_state
+    assert {json.loads(row[1])["partition_id"] for row in result.state} <= set(range(4))
