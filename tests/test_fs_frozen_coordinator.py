@@ -18,6 +18,7 @@ connection, must stop them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import secrets
 import time
@@ -30,7 +31,7 @@ from filesystem.freshness import AFTER_STALL_S, STALL_S, StallWatch
 from ring import api, fs_api
 from ring.auth import Signer
 from ring.transport import Timeouts
-from spark_connector.fs_client import FsClient
+from spark_connector.fs_client import PROBE_AFTER_S, PROBE_TIMEOUT_S, STALLED_PAUSE_S, FsClient
 from sr3.local import LocalCluster
 
 # The clients' timeouts in these tests: an attempt that waited for one to the frozen
@@ -39,6 +40,13 @@ PATIENT = Timeouts(connect_s=300.0, read_s=300.0)
 # A hang guard, not a performance figure: a client that waits for its timeout on the
 # frozen peer is stopped here (the latencies are in benchmarks/bench_gray.py).
 HANG_S = 120.0
+# How long a client waits on a coordinator before it sends the request elsewhere: it
+# probes after PROBE_AFTER_S and gives up once the probe went unanswered for
+# PROBE_TIMEOUT_S. The tests go elsewhere no sooner: a coordinator frozen for less than
+# STALL_S was, to its client, a slow peer, and may still commit.
+GIVE_UP_S = PROBE_AFTER_S + PROBE_TIMEOUT_S
+# Requests through a peer that is not frozen, sent again after a 425 of its own.
+STALLED_ATTEMPTS_MAX = 5
 
 
 class HeldRequest:
@@ -76,8 +84,14 @@ class HeldRequest:
             if line.lower().startswith(b"content-length:")
         )
         body = await reader.readexactly(length)
-        writer.close()
+        self.close()
         return status, api.load_json(body) if body else {}
+
+    def close(self) -> None:
+        """Close the connection (a test that failed before reading the answer too)."""
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
 
 
 async def put_through(
@@ -85,10 +99,23 @@ async def put_through(
 ) -> dict[str, Any]:
     """An overwriting PUT of ``path`` with operation id ``op`` through ``address``."""
     path_qs = fs_api.fs_path(fs_api.FS_WRITE, path) + f"?op={op}&overwrite=1"
-    answer = await probe.signed(address, "PUT", path_qs, body=data)
+    answer = await signed_past_stalls(probe, address, "PUT", path_qs, data)
     assert answer.status == 201, answer
     stat: dict[str, Any] = answer.json()
     return stat
+
+
+async def signed_past_stalls(
+    probe: HttpProbe, address: str, method: str, path_qs: str, body: bytes = b""
+) -> Any:
+    """A signed request through ``address`` (one that is not frozen), sent again after a
+    425 stalled as the clients do: on a loaded machine that peer's own loop may pause."""
+    for _attempt in range(STALLED_ATTEMPTS_MAX):
+        answer = await probe.signed(address, method, path_qs, body=body)
+        if answer.status != 425:
+            return answer
+        await asyncio.sleep(STALLED_PAUSE_S)
+    return answer
 
 
 def addresses(cluster: LocalCluster) -> list[str]:
@@ -112,20 +139,23 @@ async def test_a_write_the_coordinator_froze_across_is_not_committed_after_a_new
         ring.secret, coordinator, "PUT",
         fs_api.fs_path(fs_api.FS_WRITE, path) + f"?op={op}&overwrite=1", older,
     )  # fmt: skip
-    async with asyncio.timeout(HANG_S), HttpProbe(ring.secret) as probe:
-        await held.send(0, len(older) // 2)
-        # The coordinator's handler starts and reads the first half (one that had not
-        # started by the freeze would wait in the buffer instead, and be refused too).
-        await asyncio.sleep(1.0)
-        with frozen(ring, "peer-1"):
-            await held.send(len(older) // 2, len(older))
-            await put_through(probe, other, path, older, op)
-            stat = await put_through(probe, other, path, newer, secrets.token_hex(12))
-        status, answer = await held.answer()
-        assert (status, answer.get("error")) == (425, "stalled"), answer
-        async with FsClient([other], ring.secret) as client:
-            assert await client.read(path) == newer
-            assert (await client.stat(path)).version == stat["version"]
+    with contextlib.ExitStack() as stack:  # the held connections closed at the end
+        async with asyncio.timeout(HANG_S), HttpProbe(ring.secret) as probe:
+            stack.callback(held.close)
+            await held.send(0, len(older) // 2)
+            # The coordinator's handler starts and reads the first half (one that had not
+            # started by the freeze would wait in the buffer instead, and be refused too).
+            await asyncio.sleep(1.0)
+            with frozen(ring, "peer-1"):
+                await held.send(len(older) // 2, len(older))
+                await asyncio.sleep(GIVE_UP_S)
+                await put_through(probe, other, path, older, op)
+                stat = await put_through(probe, other, path, newer, secrets.token_hex(12))
+            status, answer = await held.answer()
+            assert (status, answer.get("error")) == (425, "stalled"), answer
+            async with FsClient([other], ring.secret) as client:
+                assert await client.read(path) == newer
+                assert (await client.stat(path)).version == stat["version"]
     assert tracebacks_since(ring, ends) == []
 
 
@@ -144,29 +174,34 @@ async def test_a_write_and_a_delete_that_waited_in_a_frozen_peers_buffer_are_not
     older, newer, again = rng.randbytes(100_000), rng.randbytes(90_000), rng.randbytes(80_000)
     op = secrets.token_hex(12)
     ends = log_ends(ring)
-    async with asyncio.timeout(HANG_S), HttpProbe(ring.secret) as probe:
-        await put_through(probe, other, deleted, rng.randbytes(1000), secrets.token_hex(12))
-        put = HeldRequest(
-            ring.secret, coordinator, "PUT",
-            fs_api.fs_path(fs_api.FS_WRITE, written) + f"?op={op}&overwrite=1", older,
-        )  # fmt: skip
-        delete = HeldRequest(
-            ring.secret, coordinator, "DELETE", fs_api.fs_path(fs_api.FS_DELETE, deleted), b""
-        )
-        with frozen(ring, "peer-1"):
-            await put.send(0, len(older))
-            await delete.send(0, 0)
-            await put_through(probe, other, written, older, op)
-            await put_through(probe, other, written, newer, secrets.token_hex(12))
-            gone = await probe.signed(other, "DELETE", fs_api.fs_path(fs_api.FS_DELETE, deleted))
-            assert gone.status == 200, gone
-            await put_through(probe, other, deleted, again, secrets.token_hex(12))
-        for held in (put, delete):
-            status, answer = await held.answer()
-            assert (status, answer.get("error")) == (425, "stalled"), answer
-        async with FsClient([other], ring.secret) as client:
-            assert await client.read(written) == newer
-            assert await client.read(deleted) == again
+    with contextlib.ExitStack() as stack:  # the held connections closed at the end
+        async with asyncio.timeout(HANG_S), HttpProbe(ring.secret) as probe:
+            await put_through(probe, other, deleted, rng.randbytes(1000), secrets.token_hex(12))
+            put = HeldRequest(
+                ring.secret, coordinator, "PUT",
+                fs_api.fs_path(fs_api.FS_WRITE, written) + f"?op={op}&overwrite=1", older,
+            )  # fmt: skip
+            delete = HeldRequest(
+                ring.secret, coordinator, "DELETE", fs_api.fs_path(fs_api.FS_DELETE, deleted), b""
+            )
+            stack.callback(put.close)
+            stack.callback(delete.close)
+            with frozen(ring, "peer-1"):
+                await put.send(0, len(older))
+                await delete.send(0, 0)
+                await asyncio.sleep(GIVE_UP_S)
+                await put_through(probe, other, written, older, op)
+                await put_through(probe, other, written, newer, secrets.token_hex(12))
+                path_qs = fs_api.fs_path(fs_api.FS_DELETE, deleted)
+                gone = await signed_past_stalls(probe, other, "DELETE", path_qs)
+                assert gone.status == 200, gone
+                await put_through(probe, other, deleted, again, secrets.token_hex(12))
+            for held in (put, delete):
+                status, answer = await held.answer()
+                assert (status, answer.get("error")) == (425, "stalled"), answer
+            async with FsClient([other], ring.secret) as client:
+                assert await client.read(written) == newer
+                assert await client.read(deleted) == again
     assert tracebacks_since(ring, ends) == []
 
 
