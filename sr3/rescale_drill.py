@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import subprocess
 import sys
@@ -42,12 +41,12 @@ from typing import Any
 from ring.errors import ConfigError, SR3Error
 from ring.lease import RENEW_EVERY_S_DEFAULT
 from sr3.demo import work_home
-from sr3.drills import DRILL_PEER_FLAGS
 from sr3.local import LocalCluster
 from sr3.spark_demo import read_output, write_inputs
 from sr3.standby_app import StandbyJob
 from sr3.standby_drill import (
     App,
+    app_ring,
     compare_state,
     first_event,
     launched,
@@ -156,24 +155,11 @@ def run_rescale_drill(
     require_spark()
     with work_home(options.keep_dir, "sr3-rescale-drill-") as home:
         started = time.monotonic()
-        cluster = LocalCluster.create(
-            home / "cluster", options.peers, replication=options.replication,
-            write_quorum=min(2, options.replication), cluster_file=home / "cluster.json",
-            base_port=options.base_port,
-            peer_flags=[*DRILL_PEER_FLAGS, "--seed", str(options.seed)],
-        )  # fmt: skip
-        cluster.up()
-        say(f"ring up: {options.peers} peers, R={options.replication}")
-        try:
-            env = {
-                **os.environ, "SR3_RING": cluster.ring, "SR3_SECRET": cluster.secret,
-                "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONUNBUFFERED": "1",
-            }  # fmt: skip
-            env.pop("SR3_CREDENTIAL", None)
+        with app_ring(
+            home, options.peers, options.replication, options.seed, options.base_port, say
+        ) as (cluster, env):
             _reference(options, home, env, say)
             runs = tuple(_run(options, home, env, cluster, mode, say) for mode in options.modes)
-        finally:
-            cluster.down(purge=True)
         return RescaleDrillReport(
             options.from_partitions, options.to_partitions, options.files, options.seed,
             runs, time.monotonic() - started,
