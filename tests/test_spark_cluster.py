@@ -44,8 +44,18 @@ APP_START_S_MAX = 180.0
 FINISH_S_MAX = 420.0
 
 
-def _job(tmp_path: Path, query: str, rng: random.Random, input_seed: int = 0) -> ClusterJob:
-    write_job_inputs(query, tmp_path / "input", INPUT_FILES, input_seed or rng.randrange(10**6))
+def _job(
+    tmp_path: Path,
+    query: str,
+    rng: random.Random,
+    input_seed: int = 0,
+    *,
+    files: int = INPUT_FILES,
+    partitions: int = 0,
+    secret_file: str = "",
+) -> ClusterJob:
+    """The job of ``query`` under ``tmp_path``, its first ``files`` input files written."""
+    write_job_inputs(query, tmp_path / "input", files, input_seed or rng.randrange(10**6))
     return ClusterJob(
         query=query,
         input_dir=str(tmp_path / "input"),
@@ -54,6 +64,8 @@ def _job(tmp_path: Path, query: str, rng: random.Random, input_seed: int = 0) ->
         reference_checkpoint=str(tmp_path / "reference-checkpoint"),
         reference_output_dir=str(tmp_path / "reference-output"),
         result_path=str(tmp_path / "result.json"),
+        partitions=partitions,
+        secret_file=secret_file,
     )
 
 
@@ -168,18 +180,10 @@ def test_a_checkpoint_on_the_ring_rescaled_in_place_by_executors_runs_on_at_the_
     secret_file = tmp_path / "secret"
     secret_file.write_text(cluster.secret)
     secret_file.chmod(0o600)
-    write_job_inputs(query, tmp_path / "input", INPUT_FILES // 2, seed)
-    job = ClusterJob(
-        query=query,
-        input_dir=str(tmp_path / "input"),
-        checkpoint=f"sr3:///spark/tests/rescaled-{query}-{rng.randrange(10**9)}",
-        output_dir=str(tmp_path / "output"),
-        reference_checkpoint=str(tmp_path / "reference-checkpoint"),
-        reference_output_dir=str(tmp_path / "reference-output"),
-        result_path=str(tmp_path / "result.json"),
-        partitions=4,
-        secret_file=str(secret_file),
-    )
+    job = _job(
+        tmp_path, query, rng, seed,
+        files=INPUT_FILES // 2, partitions=4, secret_file=str(secret_file),
+    )  # fmt: skip
     env = application_env(cluster.ring, spark_credential(cluster.secret))
     app = start_application("run", job, env, tmp_path / "driver.log")
     try:
